@@ -1,0 +1,1 @@
+"""Evaluation: perplexity, domain tasks, red flags and the promotion gate policy."""

@@ -1,0 +1,1 @@
+"""Supervised fine-tuning with TRL on domain Q&A pairs (full, LoRA, QLoRA)."""

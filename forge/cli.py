@@ -1,0 +1,151 @@
+"""`forge`: one verb per stage, each a thin wrapper over the stage's `run` function (see forge/stages.py).
+
+    forge plan --config configs/tiny-cpu.yaml
+    forge data --config configs/tiny-cpu.yaml --set data.dedup.jaccard_threshold=0.85
+    forge pipeline --config configs/tiny-cpu.yaml
+    forge status tiny-cpu
+
+Errors a user can fix (bad config, bad input) print one line and exit 2; `--force` re-runs an up-to-date stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from forge import ForgeError, NotBuiltYet
+from forge.config import ForgeConfig, load_config
+from forge.lineage import runs_root, stage_states
+from forge.stages import PIPELINE, RUN_LAYOUT, STAGES
+
+app = typer.Typer(
+    help="Forge: train, evaluate, quantize, gate and serve small domain language models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Run config YAML (see configs/).")]
+SetOpt = Annotated[
+    Optional[list[str]], typer.Option("--set", help="Override a config field: --set train.lr=1e-3 (repeatable).")
+]
+RunOpt = Annotated[Optional[str], typer.Option("--run", help="Run name (default: the config's run_name).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Re-run even if inputs and config are unchanged.")]
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn errors a user can fix into one line on stderr and exit code 2 (3 for a stage not built yet)."""
+    try:
+        yield
+    except NotBuiltYet as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(3) from None
+    except ForgeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def resolve_config(config: Path | None, overrides: list[str] | None, run: str | None) -> ForgeConfig:
+    extra = list(overrides or []) + ([f"run_name={run}"] if run else [])
+    return load_config(config, extra)
+
+
+def run_verb(name: str, config: Path | None, overrides: list[str] | None, run: str | None, force: bool,
+             **options: Any) -> dict[str, Any]:  # fmt: skip
+    with user_errors():
+        cfg = resolve_config(config, overrides, run)
+        return STAGES[name].load()(cfg, force=force, **options)
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("mlflow", "alembic", "urllib3", "httpx", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one verb per stage
+
+
+def _stage_verb(name: str) -> None:
+    spec = STAGES[name]
+
+    def verb(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, force: ForceOpt = False) -> None:
+        run_verb(name, config, set_, run, force)
+
+    verb.__doc__ = spec.summary[0].upper() + spec.summary[1:] + "."
+    app.command(name)(verb)
+
+
+# Stages whose verb takes options of its own define it below, by name, instead of the generic one.
+DEDICATED_VERBS: set[str] = set()
+
+for _name in STAGES:
+    if _name not in DEDICATED_VERBS:
+        _stage_verb(_name)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# pipeline and status
+
+
+@app.command()
+def pipeline(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, force: ForceOpt = False) -> None:
+    """Run every stage in order, skipping those whose inputs are unchanged."""
+    with user_errors():
+        cfg = resolve_config(config, set_, run)
+        missing = [name for name, _ in PIPELINE if not STAGES[name].built]
+        for name, options in PIPELINE:
+            spec = STAGES[name]
+            if not spec.built:
+                continue
+            typer.echo(f"== {name} {' '.join(f'{k}={v}' for k, v in options.items())}".rstrip())
+            spec.load()(cfg, force=force, **options)
+        if missing:
+            typer.echo(
+                "pipeline ran every built stage; not built yet: "
+                + ", ".join(f"{n} (issue #{STAGES[n].issue})" for n in dict.fromkeys(missing))
+            )
+
+
+@app.command()
+def status(run: Annotated[str, typer.Argument(help="Run name (a directory under runs/).")],
+           as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:  # fmt: skip
+    """Show each stage of a run: its state, when it finished and its headline metrics."""
+    run_path = runs_root() / run
+    with user_errors():
+        if not run_path.is_dir():
+            known = sorted(p.name for p in runs_root().glob("*") if p.is_dir() and not p.name.startswith("."))
+            raise ForgeError(f"no run {run!r} under {runs_root()}/ (runs: {', '.join(known) or 'none yet'})")
+    extra = sorted(p.name for p in run_path.iterdir() if p.is_dir() and p.name not in RUN_LAYOUT)
+    rows = stage_states(run_path, RUN_LAYOUT + extra)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        metrics = ", ".join(f"{k}={_short(v)}" for k, v in list(row["metrics"].items())[:6])
+        when = f"  {row['finished_at']}  {row['duration_s']}s" if row.get("finished_at") else ""
+        typer.echo(f"{row['stage']:<14} {row['state']:<10}{when}  {metrics}".rstrip())
+        if row.get("error"):
+            typer.echo(f"{'':<14} error: {row['error']}")
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def main() -> None:
+    _setup_logging()
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""The one typed config of a Forge run: the YAML schema, the `--set` override target and what is saved beside
+every stage's output.
+
+A run is described by one YAML file with a section per stage. Every section is a pydantic model that forbids
+unknown keys, so a typo is an error that names the field instead of a silently ignored setting. Cross-field rules
+(heads divide the hidden size, split ratios sum to one...) raise errors that name the field, the bad value and
+what is allowed.
+
+    cfg = load_config("configs/tiny-cpu.yaml", overrides=["train.lr=1e-3"])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from forge import ForgeError
+
+BUILTIN_CORPUS = "builtin:python-stdlib"
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# data
+
+
+class QualityConfig(Section):
+    """Document quality heuristics (Gopher quality + repetition, C4, FineWeb). Defaults follow datatrove's.
+
+    Technical corpora break several of these (braces, short lines, symbols): loosen them here and read the
+    data report to see what each rule removed.
+    """
+
+    enabled: bool = True
+    min_words: int = Field(50, ge=0)
+    max_words: int = Field(100_000, ge=1)
+    min_mean_word_length: float = 3.0
+    max_mean_word_length: float = 10.0
+    max_symbol_word_ratio: float = 0.1
+    max_bullet_lines_ratio: float = 0.9
+    max_ellipsis_lines_ratio: float = 0.3
+    min_alpha_words_ratio: float = 0.8
+    min_stop_words: int = 2
+    max_duplicate_lines_ratio: float = 0.3
+    max_duplicate_paragraphs_ratio: float = 0.3
+    max_duplicate_line_chars_ratio: float = 0.2
+    max_duplicate_paragraph_chars_ratio: float = 0.2
+    max_top_ngram_chars_ratio: dict[int, float] = {2: 0.20, 3: 0.18, 4: 0.16}
+    max_dup_ngram_chars_ratio: dict[int, float] = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
+    c4_drop_lorem_ipsum: bool = True
+    c4_drop_curly_brace: bool = False  # C4 drops docs with "{": wrong for code and technical domains
+    c4_min_sentences: int = 5
+    fineweb_min_punct_lines_ratio: float = 0.12
+    fineweb_max_short_lines_ratio: float = 0.67
+    fineweb_max_dup_line_chars_ratio: float = 0.01
+    fineweb_max_newlines_per_word: float = 0.3
+
+
+class DedupConfig(Section):
+    """Exact + MinHash near-duplicate removal at document level, then paragraph dedup.
+
+    LSH uses explicit bands x rows: datasketch's threshold-derived default (9x13 at t=0.8) catches only ~40% of
+    pairs at J=0.8. Candidates are verified against `jaccard_threshold` before they are merged.
+    """
+
+    exact: bool = True
+    near: bool = True
+    ngram: int = Field(5, ge=1)
+    bands: int = Field(14, ge=1)
+    rows: int = Field(8, ge=1)
+    jaccard_threshold: float = Field(0.8, ge=0.0, le=1.0)
+    paragraph: bool = True
+    min_paragraph_chars: int = Field(50, ge=1)
+    decontaminate: bool = True  # drop train documents that near-duplicate a val/test document
+
+
+class DataConfig(Section):
+    inputs: list[str] = [BUILTIN_CORPUS]
+    text_field: str = "text"  # the text column of .jsonl / .parquet inputs
+    split: dict[Literal["train", "val", "test"], float] = {"train": 0.98, "val": 0.01, "test": 0.01}
+    html_extraction: bool = True
+    boilerplate: bool = True
+    boilerplate_min_doc_fraction: float = Field(0.05, gt=0.0, le=1.0)  # a line in >= this share of docs is boilerplate
+    boilerplate_min_docs: int = Field(5, ge=2)
+    language: bool = True
+    languages: list[str] = ["en"]
+    min_language_score: float = Field(0.65, ge=0.0, le=1.0)
+    quality: QualityConfig = QualityConfig()
+    dedup: DedupConfig = DedupConfig()
+    date_field: str = "date"
+    date_before: str | None = None  # ISO date: keep only documents dated before it
+    max_doc_bytes: int = Field(10_000_000, ge=1)
+    shard_docs: int = Field(50_000, ge=1)
+    workers: int = Field(0, ge=0)  # 0: one per core
+
+    @model_validator(mode="after")
+    def _split_sums_to_one(self) -> DataConfig:
+        total = sum(self.split.values())
+        if abs(total - 1.0) > 1e-6 or set(self.split) != {"train", "val", "test"}:
+            raise ValueError(
+                f"data.split={self.split} must give train, val and test ratios summing to 1 (they sum to {total:g})"
+            )
+        if min(self.split.values()) <= 0:
+            raise ValueError(f"data.split={self.split}: every ratio must be > 0 (val and test must not be empty)")
+        return self
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tokenizer
+
+
+class TokenizerConfig(Section):
+    vocab_size: int = Field(8192, ge=300)  # above 256 byte tokens + specials
+    min_frequency: int = Field(2, ge=1)
+    special_tokens: list[str] = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
+    chat_roles: list[str] = ["<|system|>", "<|user|>", "<|assistant|>"]
+    max_tokens_per_word: float = 1.4  # above this the compression report warns
+    max_train_docs: int | None = None  # cap the docs the BPE trainer sees (None: all of train)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# model
+
+
+class ModelConfig(Section):
+    architecture: Literal["llama", "gpt2"] = "llama"
+    vocab_size: int | None = Field(None, ge=1)  # None: the trained tokenizer's size
+    hidden_size: int = Field(768, ge=1)
+    num_layers: int = Field(12, ge=1)
+    num_attention_heads: int = Field(12, ge=1)
+    num_key_value_heads: int | None = Field(None, ge=1)  # llama only; None: same as attention heads (no GQA)
+    intermediate_size: int = Field(3072, ge=1)
+    context_length: int = Field(1024, ge=8)
+    activation: Literal["silu", "gelu", "gelu_new", "relu"] = "silu"
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    tie_word_embeddings: bool = True
+    rope_theta: float = Field(10_000.0, gt=0)
+    initializer_range: float = Field(0.02, gt=0)
+
+    @model_validator(mode="after")
+    def _shapes_fit(self) -> ModelConfig:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"model.num_attention_heads={self.num_attention_heads} does not divide "
+                f"model.hidden_size={self.hidden_size}; pick one of {_divisors(self.hidden_size)}"
+            )
+        kv = self.num_key_value_heads
+        if kv is not None:
+            if self.architecture == "gpt2" and kv != self.num_attention_heads:
+                raise ValueError(
+                    f"model.num_key_value_heads={kv}: gpt2 has no grouped-query attention; remove the key "
+                    "or use architecture: llama"
+                )
+            if self.num_attention_heads % kv:
+                raise ValueError(
+                    f"model.num_key_value_heads={kv} does not divide "
+                    f"model.num_attention_heads={self.num_attention_heads}; "
+                    f"pick one of {_divisors(self.num_attention_heads)}"
+                )
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# training
+
+
+class TrainConfig(Section):
+    micro_batch_size: int = Field(8, ge=1)
+    grad_accum_steps: int = Field(4, ge=1)
+    max_steps: int = Field(10_000, ge=1)
+    lr: float = Field(3e-4, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)  # cosine decays to lr * min_lr_ratio
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: int = Field(2000, ge=0)
+    weight_decay: float = Field(0.1, ge=0.0)
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(0.95, ge=0.0, lt=1.0)
+    grad_clip: float | None = Field(1.0, gt=0)
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on GPUs that have it, else fp32
+    gradient_checkpointing: bool = False
+    compile: bool = False
+    checkpoint_every: int = Field(500, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    eval_every: int = Field(250, ge=1)
+    eval_batches: int = Field(20, ge=1)
+    val_rise_patience: int = Field(3, ge=1)  # consecutive evals above the minimum that raise the red flag
+    stop_on_val_rise: bool = False
+    spike_zscore: float = Field(6.0, gt=0)
+    spike_window: int = Field(100, ge=10)
+    log_every: int = Field(10, ge=1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# supervised fine-tuning
+
+
+class SFTConfig(Section):
+    data: str = BUILTIN_CORPUS  # JSONL of {question, answer} or {messages}; builtin: Q&A from stdlib docs
+    mode: Literal["full", "lora", "qlora"] = "lora"
+    lora_r: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    lora_target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    lr: float = Field(2e-4, gt=0)
+    epochs: float = Field(3.0, gt=0)
+    max_steps: int = -1  # > 0 overrides epochs
+    micro_batch_size: int = Field(8, ge=1)
+    grad_accum_steps: int = Field(1, ge=1)
+    max_seq_length: int = Field(512, ge=16)
+    warmup_ratio: float = Field(0.03, ge=0.0, le=1.0)
+    system_prompt: str | None = None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# evaluation
+
+
+class EvalConfig(Section):
+    ppl_window: int | None = None  # None: the model's context length
+    ppl_stride: int | None = None  # None: half the window
+    max_test_tokens: int | None = 200_000
+    qa_max_examples: int = Field(200, ge=1)
+    mc_choices: int = Field(4, ge=2)
+    prompts: list[str] = []
+    max_new_tokens: int = Field(64, ge=1)
+    benchmarks: list[str] = []
+    max_repeated_ngram_rate: float = 0.5
+    min_distinct_2: float = 0.2
+    max_ppl_drift: float = 0.10  # relative perplexity increase against the reference model
+    max_memorisation_gap: float = 0.2  # verbatim continuation rate, train minus test
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# quantization, registry, serving
+
+
+class QuantizeConfig(Section):
+    gguf_types: list[str] = ["f16", "q8_0", "q4_k_m"]
+    bitsandbytes: list[Literal["int8", "nf4"]] = ["int8", "nf4"]
+    max_eval_tokens: int = Field(50_000, ge=1)
+
+
+class RegistryConfig(Section):
+    model_name: str = "forge-model"
+    tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else sqlite under the runs directory
+    experiment: str = "forge"
+    gate_policy: str = "configs/gate.yaml"
+
+
+class ServeConfig(Section):
+    backend: Literal["auto", "llamacpp", "vllm"] = "auto"
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    ui_port: int = Field(7860, ge=1, le=65535)
+    gguf_type: str = "q4_k_m"
+    n_ctx: int | None = None  # None: the model's context length
+    api_key_env: str = "FORGE_API_KEY"  # the server requires this key when the variable is set
+    max_message_chars: int = Field(8000, ge=1)
+    max_history_chars: int = Field(32_000, ge=1)
+    max_new_tokens: int = Field(512, ge=1, le=4096)
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+
+
+class PlanConfig(Section):
+    hardware: str = "cpu"  # a known profile (see `forge plan --help`) or "custom"
+    num_gpus: int = Field(1, ge=1)
+    memory_gb: float | None = Field(None, gt=0)  # custom profile
+    peak_tflops: float | None = Field(None, gt=0)  # custom profile
+    mfu: float = Field(0.4, gt=0, le=1)
+    target_tokens: int | None = None  # None: max_steps x global batch x context
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the whole run
+
+
+class ForgeConfig(Section):
+    run_name: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    seed: int = 1337
+    plan: PlanConfig = PlanConfig()
+    data: DataConfig = DataConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    sft: SFTConfig = SFTConfig()
+    eval: EvalConfig = EvalConfig()
+    quantize: QuantizeConfig = QuantizeConfig()
+    registry: RegistryConfig = RegistryConfig()
+    serve: ServeConfig = ServeConfig()
+
+    def section_hash(self, *sections: str) -> str:
+        """sha256 of the named sections (plus the seed), the config part of a stage's skip key."""
+        payload = {name: getattr(self, name).model_dump(mode="json") for name in sections}
+        payload["seed"] = self.seed
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# loading, overrides and error messages
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ForgeConfig:
+    """Read a YAML run config, apply `a.b.c=value` overrides, validate. Raises ForgeError with every problem."""
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ForgeError(f"config file {path} not found; pass --config with one of: {_shipped_configs()}")
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f":{mark.line + 1}" if mark else ""
+            raise ForgeError(f"config file {path}{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        if not isinstance(raw, dict):
+            raise ForgeError(f"config file {path} must be a mapping of sections (data:, model:, ...)")
+    for item in overrides or []:
+        _apply_override(raw, item)
+    try:
+        return ForgeConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ForgeError(f"invalid config ({source}): " + "; ".join(format_validation_errors(exc))) from None
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ForgeError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.lr=1e-3")
+    node = raw
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ForgeError(f"--set {item!r}: {part} is a value, not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+
+
+def format_validation_errors(exc: ValidationError) -> list[str]:
+    """One readable line per problem: the dotted field, the bad value and what is allowed."""
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            parent = err["loc"][:-1]
+            lines.append(f"unknown key {field} (allowed: {', '.join(_allowed_keys(parent))})")
+            continue
+        message = err["msg"].removeprefix("Value error, ")
+        if field and field.split(".")[-1] not in message:
+            message = f"{field}={err.get('input')!r}: {message}"
+        lines.append(message)
+    return lines
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    model: type[BaseModel] = ForgeConfig
+    for part in loc:
+        annotation = model.model_fields[str(part)].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _shipped_configs() -> str:
+    root = Path(__file__).resolve().parent.parent / "configs"
+    return ", ".join(sorted(str(p.relative_to(root.parent)) for p in root.glob("*.yaml"))) or "(none found)"

@@ -1,0 +1,287 @@
+"""Run lineage: where each stage writes, what it records, and when it can be skipped.
+
+Every stage writes under `runs/<run-name>/<stage>/`:
+  config.yaml    the whole resolved run config
+  manifest.json  sha256 of the stage's inputs and outputs, the config hash, git commit, library versions,
+                 start/end times, status and headline metrics
+
+The manifest is written last and atomically, so a stage is complete exactly when its manifest says so. A stage
+whose config hash and input hashes equal those of its complete manifest is skipped; `force=True` re-runs it.
+Files are written through `atomic_write_*` / `atomic_path` (temp path, then rename): a crash never leaves a
+half-written output behind under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from forge import ForgeError
+from forge.config import ForgeConfig
+
+log = logging.getLogger("forge")
+
+MANIFEST = "manifest.json"
+CONFIG_FILE = "config.yaml"
+TRACKED_LIBRARIES = (
+    "torch", "transformers", "tokenizers", "accelerate", "peft", "trl", "datasketch", "mlflow", "gguf",
+    "llama_cpp_python", "gradio",
+)  # fmt: skip
+
+
+def runs_root() -> Path:
+    """The directory holding every run: $FORGE_RUNS_DIR, else ./runs."""
+    return Path(os.environ.get("FORGE_RUNS_DIR", "runs"))
+
+
+def run_dir(cfg: ForgeConfig) -> Path:
+    return runs_root() / cfg.run_name
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# atomic writes
+
+
+@contextlib.contextmanager
+def atomic_path(final: Path) -> Iterator[Path]:
+    """Yield a temp path beside `final` (file or directory); rename it onto `final` only if the block succeeds."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    _remove(tmp)
+    try:
+        yield tmp
+        if final.is_dir() and tmp.is_dir():
+            _remove(final)
+        os.replace(tmp, final)
+    finally:
+        _remove(tmp)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# hashing
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_tree(path: Path) -> str:
+    """sha256 of a file, or of a directory's sorted (relative path, file sha256) list."""
+    path = Path(path)
+    if path.is_file():
+        return sha256_file(path)
+    if not path.is_dir():
+        raise ForgeError(f"input {path} does not exist")
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file)}\n".encode())
+    return digest.hexdigest()
+
+
+def hash_inputs(inputs: Mapping[str, Path | str]) -> dict[str, str]:
+    """Hash each named input: a Path is hashed by content, a str (e.g. a builtin corpus id) by its value."""
+    return {
+        name: sha256_tree(value) if isinstance(value, Path) else hashlib.sha256(value.encode()).hexdigest()
+        for name, value in sorted(inputs.items())
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# environment facts recorded in every manifest
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in TRACKED_LIBRARIES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[name] = metadata.version(name)
+    return versions
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# stages
+
+
+@dataclass
+class Stage:
+    """One stage of one run: its directory, its skip key and its manifest.
+
+    `sections` names the config sections the stage depends on; `inputs` maps a name to an input file or
+    directory (hashed by content) or to a literal id string (hashed by value).
+    """
+
+    name: str
+    cfg: ForgeConfig
+    sections: tuple[str, ...]
+    inputs: Mapping[str, Path | str] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def dir(self) -> Path:
+        return run_dir(self.cfg) / self.name
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.dir / MANIFEST
+
+    def read_manifest(self) -> dict[str, Any] | None:
+        return read_manifest(self.dir)
+
+    def skip_key(self) -> dict[str, Any]:
+        return {"config_hash": self.cfg.section_hash(*self.sections), "inputs": hash_inputs(self.inputs)}
+
+    def up_to_date(self, key: dict[str, Any]) -> bool:
+        old = self.read_manifest()
+        return bool(
+            old
+            and old.get("status") == "complete"
+            and old.get("config_hash") == key["config_hash"]
+            and old.get("inputs") == key["inputs"]
+        )
+
+    def output_hashes(self) -> dict[str, str]:
+        return {
+            p.relative_to(self.dir).as_posix(): sha256_file(p)
+            for p in sorted(self.dir.rglob("*"))
+            if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
+        }
+
+
+def read_manifest(stage_dir: Path) -> dict[str, Any] | None:
+    path = Path(stage_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None
+
+
+def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], force: bool = False) -> dict[str, Any]:
+    """Run `body(stage)` unless the stage is up to date; record the manifest and track it in MLflow.
+
+    The body writes its outputs into `stage.dir` and returns headline metrics (it may also fill `stage.metrics`).
+    Returns the manifest. A failing body leaves a manifest with status "failed" and the error, then re-raises.
+    """
+    from forge import tracking  # deferred: MLflow is slow to import and not needed to compute a skip
+
+    key = stage.skip_key()
+    if not force and stage.up_to_date(key):
+        log.info("%s: up to date, skipped (inputs and config unchanged; --force re-runs it)", stage.name)
+        manifest = stage.read_manifest()
+        assert manifest is not None
+        return manifest
+
+    stage.dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(stage.dir / CONFIG_FILE, stage.cfg.to_yaml())
+    manifest: dict[str, Any] = {
+        "stage": stage.name,
+        "run": stage.cfg.run_name,
+        "status": "running",
+        "sections": list(stage.sections),
+        **key,
+        "seed": stage.cfg.seed,
+        "git_commit": git_commit(),
+        "versions": library_versions(),
+        "host": platform.node(),
+        "user": getpass.getuser(),
+        "started_at": _now(),
+    }
+    atomic_write_json(stage.manifest_path, manifest)
+    start = time.time()
+    with tracking.stage_run(stage.cfg, stage.name) as tracker:
+        tracker.log_params({s: getattr(stage.cfg, s).model_dump(mode="json") for s in stage.sections})
+        try:
+            returned = body(stage) or {}
+        except BaseException as exc:
+            manifest.update(status="failed", error=f"{type(exc).__name__}: {exc}", finished_at=_now())
+            atomic_write_json(stage.manifest_path, manifest)
+            raise
+        stage.metrics.update(returned)
+        manifest.update(
+            status="complete",
+            finished_at=_now(),
+            duration_s=round(time.time() - start, 3),
+            metrics=stage.metrics,
+            outputs=stage.output_hashes(),
+            mlflow_run_id=tracker.run_id,
+        )
+        tracker.log_metrics(stage.metrics, parent=True)
+        atomic_write_json(stage.manifest_path, manifest)
+        tracker.log_artifacts(stage.dir)
+    log.info("%s: done in %.1fs", stage.name, manifest["duration_s"])
+    return manifest
+
+
+def stage_states(run: Path, stage_names: list[str]) -> list[dict[str, Any]]:
+    """The state of each stage of a run, for `forge status`."""
+    rows = []
+    for name in stage_names:
+        manifest = read_manifest(run / name)
+        if manifest is None:
+            rows.append({"stage": name, "state": "not run", "metrics": {}})
+            continue
+        state = manifest.get("status", "unknown")
+        if state == "running":
+            state = "incomplete (running or killed)"
+        rows.append({
+            "stage": name, "state": state, "finished_at": manifest.get("finished_at"),
+            "duration_s": manifest.get("duration_s"), "metrics": manifest.get("metrics", {}),
+            "error": manifest.get("error"),
+        })  # fmt: skip
+    return rows
+

@@ -1,0 +1,2 @@
+"""Pretraining: corpus cleaning (`pretrain.data`), the tokenizer, the model architectures, `forge plan`, and the
+training loop."""
