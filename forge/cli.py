@@ -117,8 +117,10 @@ def pipeline(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, 
 
 
 @app.command()
-def status(run: Annotated[str, typer.Argument(help="Run name (a directory under runs/).")],
-           as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:  # fmt: skip
+def status(
+    run: Annotated[str, typer.Argument(help="Run name (a directory under runs/).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
     """Show each stage of a run: its state, when it finished and its headline metrics."""
     run_path = runs_root() / run
     with user_errors():

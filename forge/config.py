@@ -141,7 +141,7 @@ class ModelConfig(Section):
     num_key_value_heads: int | None = Field(None, ge=1)  # llama only; None: same as attention heads (no GQA)
     intermediate_size: int = Field(3072, ge=1)
     context_length: int = Field(1024, ge=8)
-    activation: Literal["silu", "gelu", "gelu_new", "relu"] = "silu"
+    activation: Literal["silu", "gelu", "gelu_new", "relu"] = "silu"  # unset: gelu_new for gpt2, silu for llama
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     tie_word_embeddings: bool = True
     rope_theta: float = Field(10_000.0, gt=0)
@@ -149,6 +149,8 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _shapes_fit(self) -> ModelConfig:
+        if "activation" not in self.model_fields_set:  # unset: the architecture's own (gpt2 GELU, llama SwiGLU)
+            self.__dict__["activation"] = "gelu_new" if self.architecture == "gpt2" else "silu"
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"model.num_attention_heads={self.num_attention_heads} does not divide "

@@ -284,4 +284,3 @@ def stage_states(run: Path, stage_names: list[str]) -> list[dict[str, Any]]:
             "error": manifest.get("error"),
         })  # fmt: skip
     return rows
-

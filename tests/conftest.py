@@ -12,3 +12,53 @@ def isolated_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("FORGE_RUNS_DIR", str(runs))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return runs
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` process on a free loopback port, over a sqlite store; yields its URL."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    cmd = [
+        str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+        "--workers", "1",
+    ]  # fmt: skip
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed below, after the process ends
+    proc = subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()

@@ -1,0 +1,173 @@
+"""The model architectures: a `ModelConfig` becomes a Hugging Face transformers model, so vLLM, llama.cpp and
+lm-eval load the checkpoints with no conversion.
+
+    llama  LlamaForCausalLM: RMSNorm, SwiGLU feed-forward, rotary positions, no biases (the default)
+    gpt2   GPT2LMHeadModel: LayerNorm, GELU feed-forward, learned positions, biases, dropout (the seeds' design)
+
+    warnings = validate(cfg.model, vocab_size=tokenizer_size)   # errors raise ForgeError, the rest are returned
+    n = count_parameters(cfg.model, vocab_size)                 # exact, without building anything
+    model = build_model(cfg.model, vocab_size)                  # random init; device="meta" allocates nothing
+
+Special tokens follow the tokenizer stage: [PAD]=0, [UNK]=1, [BOS]=2, [EOS]=3.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forge import ForgeError
+from forge.config import ModelConfig
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+# Feed-forward width / hidden size that each design uses, and the band outside which `validate` warns.
+# gpt2: 4x. llama: 8/3x rounded up to a multiple of 256 (Llama 1/2 land at 2.69-2.75x, Llama 3 uses 3.5x).
+FFN_RULE = {"gpt2": (4.0, 3.5, 4.5), "llama": (8 / 3, 2.5, 3.5)}
+GOOD_HEAD_DIMS = (64, 128)  # what fused attention kernels and most inference engines are tuned for
+QUANT_BLOCK = 256  # llama.cpp K-quants (Q4_K_M...) need rows divisible by 256, else tensors fall back
+
+
+def resolve_vocab(model_cfg: ModelConfig, vocab_size: int | None = None) -> int:
+    """The vocabulary size to build with: the tokenizer's, checked against `model.vocab_size` when both exist."""
+    if vocab_size is not None and model_cfg.vocab_size is not None and vocab_size != model_cfg.vocab_size:
+        raise ForgeError(
+            f"model.vocab_size={model_cfg.vocab_size} does not match the tokenizer's vocabulary of {vocab_size}; "
+            f"set model.vocab_size={vocab_size} or remove it (the tokenizer's size is then used)"
+        )
+    size = vocab_size if vocab_size is not None else model_cfg.vocab_size
+    if size is None:
+        raise ForgeError(
+            "model.vocab_size is not set and no tokenizer size was given; set model.vocab_size or train the "
+            "tokenizer first (forge tokenizer)"
+        )
+    if size < 4:
+        raise ForgeError(f"vocab_size={size} cannot hold the 4 special tokens [PAD] [UNK] [BOS] [EOS]; use >= 300")
+    return size
+
+
+def validate(model_cfg: ModelConfig, vocab_size: int | None = None) -> list[str]:
+    """Check a model config against the tokenizer and the conventions; raise ForgeError on what cannot work.
+
+    Shape errors (heads not dividing the hidden size, negative sizes...) are already refused when the config is
+    loaded; this adds the vocabulary check and returns warnings for what works but costs speed or quality.
+    """
+    vocab = resolve_vocab(model_cfg, vocab_size) if (vocab_size or model_cfg.vocab_size) else None
+    m = model_cfg
+    warnings = []
+    if m.head_dim not in GOOD_HEAD_DIMS:
+        good = [f"{m.hidden_size // d} ({d})" for d in GOOD_HEAD_DIMS if m.hidden_size % d == 0] or ["none fit"]
+        warnings.append(
+            f"model.num_attention_heads={m.num_attention_heads} gives head dim {m.head_dim}; 64 or 128 is what fused "
+            f"attention kernels are tuned for: heads (head dim) {', '.join(good)}"
+        )
+    rule, low, high = FFN_RULE[m.architecture]
+    ratio = m.intermediate_size / m.hidden_size
+    if not low <= ratio <= high:
+        suggested = _round_up(int(rule * m.hidden_size), QUANT_BLOCK)
+        warnings.append(
+            f"model.intermediate_size={m.intermediate_size} is {ratio:.2f}x the hidden size; {m.architecture} uses "
+            f"about {rule:.3g}x (e.g. {suggested})"
+        )
+    for name in ("hidden_size", "intermediate_size"):
+        value = getattr(m, name)
+        if value % QUANT_BLOCK:
+            warnings.append(
+                f"model.{name}={value} is not a multiple of {QUANT_BLOCK}: llama.cpp K-quants (Q4_K_M) fall back to "
+                f"other types for these tensors; use {_round_up(value, QUANT_BLOCK)} or "
+                f"{max(QUANT_BLOCK, value // QUANT_BLOCK * QUANT_BLOCK)}"
+            )
+    if m.architecture == "gpt2" and m.activation in ("silu", "relu"):
+        warnings.append(f"model.activation={m.activation}: the gpt2 design uses gelu_new (GELU)")
+    if m.architecture == "llama" and m.activation != "silu":
+        warnings.append(f"model.activation={m.activation}: llama's gated feed-forward is SwiGLU (silu)")
+    if m.architecture == "llama" and m.dropout > 0:
+        warnings.append(
+            f"model.dropout={m.dropout}: llama applies dropout to attention probabilities only (no residual dropout)"
+        )
+    if vocab is not None and vocab % 64:
+        warnings.append(f"vocabulary size {vocab} is not a multiple of 64: the output layer's matmuls run slower")
+    return warnings
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def hf_config(
+    model_cfg: ModelConfig,
+    vocab_size: int | None = None,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+    pad_id: int = PAD_ID,
+) -> Any:
+    """The transformers config (LlamaConfig or GPT2Config) for a Forge model config."""
+    m = model_cfg
+    vocab = resolve_vocab(m, vocab_size)
+    common = dict(
+        vocab_size=vocab, bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
+        tie_word_embeddings=m.tie_word_embeddings, initializer_range=m.initializer_range, use_cache=True,
+    )  # fmt: skip
+    if m.architecture == "gpt2":
+        from transformers import GPT2Config
+
+        return GPT2Config(
+            n_embd=m.hidden_size, n_layer=m.num_layers, n_head=m.num_attention_heads, n_inner=m.intermediate_size,
+            n_positions=m.context_length, activation_function=m.activation,
+            resid_pdrop=m.dropout, embd_pdrop=m.dropout, attn_pdrop=m.dropout, **common,
+        )  # fmt: skip
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=m.hidden_size, num_hidden_layers=m.num_layers, num_attention_heads=m.num_attention_heads,
+        num_key_value_heads=m.num_key_value_heads or m.num_attention_heads, intermediate_size=m.intermediate_size,
+        max_position_embeddings=m.context_length, hidden_act=m.activation, attention_dropout=m.dropout,
+        rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta}, **common,
+    )  # fmt: skip
+
+
+def build_model(
+    model_cfg: ModelConfig,
+    vocab_size: int | None = None,
+    device: Any = None,
+    attn_implementation: str = "sdpa",
+    **token_ids: int,
+) -> Any:
+    """A randomly initialised causal LM. `device="meta"` builds the structure without allocating any weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(model_cfg, vocab_size, **token_ids)
+    config._attn_implementation = attn_implementation
+    with torch.device(device or "cpu"):
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+
+
+def count_parameters(model_cfg: ModelConfig, vocab_size: int | None = None) -> int:
+    """The exact number of trainable parameters of `build_model`, from the config alone (tied weights once)."""
+    return sum(parameter_breakdown(model_cfg, vocab_size).values())
+
+
+def parameter_breakdown(model_cfg: ModelConfig, vocab_size: int | None = None) -> dict[str, int]:
+    """Parameters by part: embeddings (token + learned positions), transformer layers, final norm, output head."""
+    m = model_cfg
+    vocab = resolve_vocab(m, vocab_size)
+    h, ff, layers = m.hidden_size, m.intermediate_size, m.num_layers
+    head = 0 if m.tie_word_embeddings else vocab * h
+    if m.architecture == "gpt2":
+        # ln_1, ln_2 (weight + bias); c_attn h->3h and c_proj h->h with biases; c_fc h->ff, c_proj ff->h with biases
+        per_layer = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * ff + ff) + (ff * h + h)
+        return {
+            "embeddings": vocab * h + m.context_length * h,
+            "layers": layers * per_layer,
+            "final_norm": 2 * h,
+            "output_head": head,
+        }
+    kv_dim = (m.num_key_value_heads or m.num_attention_heads) * m.head_dim
+    # two RMSNorm weights; q, o: h x h; k, v: h x kv_dim; gate, up: h x ff; down: ff x h (no biases)
+    per_layer = 2 * h + 2 * h * h + 2 * h * kv_dim + 3 * h * ff
+    return {"embeddings": vocab * h, "layers": layers * per_layer, "final_norm": h, "output_head": head}
+
+
+def built_parameter_count(model: Any) -> int:
+    """Parameters of a built model, each shared tensor once (what `count_parameters` predicts)."""
+    return sum(p.numel() for p in model.parameters())  # parameters() already yields a tied tensor once

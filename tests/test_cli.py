@@ -1,0 +1,50 @@
+"""The `forge` command line, run as a real process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from forge.stages import STAGES
+
+REPO = Path(__file__).resolve().parent.parent
+FORGE = str(Path(sys.executable).with_name("forge"))
+
+
+def forge(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([FORGE, *args], cwd=REPO, capture_output=True, text=True, env=os.environ, **kwargs)
+
+
+def test_help_lists_every_verb():
+    out = forge("--help")
+    assert out.returncode == 0
+    for verb in [*STAGES, "pipeline", "status"]:
+        assert f" {verb} " in out.stdout, verb
+    for verb in [*STAGES, "pipeline", "status"]:
+        assert forge(verb, "--help").returncode == 0, verb
+
+
+def test_bad_config_fails_with_one_line_naming_the_field():
+    out = forge("pipeline", "--config", "configs/tiny-cpu.yaml", "--set", "model.num_attention_heads=7")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "model.num_attention_heads=7" in lines[0] and "hidden_size=256" in lines[0]
+    assert "Traceback" not in out.stderr
+
+
+def test_unbuilt_verbs_say_so_in_one_line():
+    for name, spec in STAGES.items():
+        if spec.built:
+            continue
+        out = forge(name, "--config", "configs/tiny-cpu.yaml")
+        assert out.returncode == 3, name
+        assert out.stderr.strip() == f"forge {name}: not implemented yet (issue #{spec.issue})"
+
+
+def test_status_of_an_unknown_run_is_a_clear_error():
+    out = forge("status", "no-such-run")
+    assert out.returncode == 2
+    assert "no run 'no-such-run'" in out.stderr and "Traceback" not in out.stderr
