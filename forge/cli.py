@@ -86,7 +86,43 @@ def _stage_verb(name: str) -> None:
 
 
 # Stages whose verb takes options of its own define it below, by name, instead of the generic one.
-DEDICATED_VERBS: set[str] = set()
+DEDICATED_VERBS: set[str] = {"plan", "eval"}
+
+
+@app.command("plan")
+def plan_verb(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run: RunOpt = None,
+    force: ForceOpt = False,
+    hardware: Annotated[Optional[str], typer.Option(
+        "--hardware", help="rtx4090, a100-40gb, a100-80gb, h100-80gb, h200, cpu, or custom (with plan.memory_gb and "
+        "plan.peak_tflops); default: the config's plan.hardware.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:  # fmt: skip
+    """Parameters, token budget, memory per GPU, OOM verdict, time and disk: before anything runs."""
+    manifest = run_verb("plan", config, set_, run, force, hardware=hardware)
+    typer.echo(json.dumps(manifest["plan"], indent=2) if as_json else manifest["plan_text"].rstrip("\n"))
+
+
+@app.command("eval")
+def eval_verb(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run: RunOpt = None,
+    force: ForceOpt = False,
+    target: Annotated[str, typer.Option(
+        "--target", help="pretrain, sft, or a PATH: a model directory or a .gguf file.")] = "sft",
+    benchmarks: Annotated[Optional[str], typer.Option(
+        "--benchmarks", help="lm-eval tasks, comma-separated: forge_qa_mc,arc_easy (default: eval.benchmarks)")] = None,
+) -> None:  # fmt: skip
+    """Perplexity, domain tasks and red flags for a model; writes eval.json and report.md."""
+    names = [t.strip() for t in benchmarks.split(",") if t.strip()] if benchmarks is not None else None
+    manifest = run_verb("eval", config, set_, run, force, target=target, benchmarks=names)
+    failed = int(manifest.get("metrics", {}).get("flags_failed", 0))
+    typer.echo(f"{manifest['stage']}: {'FAIL' if failed else 'PASS'} ({failed} red flag(s) failed); "
+               f"see runs/{manifest['run']}/{manifest['stage']}/report.md")  # fmt: skip
+
 
 for _name in STAGES:
     if _name not in DEDICATED_VERBS:

@@ -92,6 +92,9 @@ class DataConfig(Section):
     boilerplate: bool = True
     boilerplate_min_doc_fraction: float = Field(0.05, gt=0.0, le=1.0)  # a line in >= this share of docs is boilerplate
     boilerplate_min_docs: int = Field(5, ge=2)
+    # C4/FineWeb drop lines of fewer words than this (menus, buttons, stray labels); 0 keeps short lines, which
+    # headings, list items and code-like lines of technical text need.
+    boilerplate_min_line_words: int = Field(3, ge=0)
     language: bool = True
     languages: list[str] = ["en"]
     min_language_score: float = Field(0.65, ge=0.0, le=1.0)
@@ -122,7 +125,10 @@ class DataConfig(Section):
 class TokenizerConfig(Section):
     vocab_size: int = Field(8192, ge=300)  # above 256 byte tokens + specials
     min_frequency: int = Field(2, ge=1)
+    # In this order (ids 0-3): pad, unk, bos, eos; extra tokens may follow. The EOS token also ends every
+    # assistant turn of the chat template, because llama.cpp stops generating only on EOS.
     special_tokens: list[str] = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
+    # The system, user and assistant role tokens, in this order (the ids after special_tokens).
     chat_roles: list[str] = ["<|system|>", "<|user|>", "<|assistant|>"]
     max_tokens_per_word: float = 1.4  # above this the compression report warns
     max_train_docs: int | None = None  # cap the docs the BPE trainer sees (None: all of train)
@@ -202,7 +208,7 @@ class TrainConfig(Section):
     checkpoint_every: int = Field(500, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
     eval_every: int = Field(250, ge=1)
-    eval_batches: int = Field(20, ge=1)
+    eval_batches: int = Field(20, ge=1)  # val windows per evaluation: this many global batches (fixed windows)
     val_rise_patience: int = Field(3, ge=1)  # consecutive evals above the minimum that raise the red flag
     stop_on_val_rise: bool = False
     spike_zscore: float = Field(6.0, gt=0)
@@ -216,7 +222,12 @@ class TrainConfig(Section):
 
 class SFTConfig(Section):
     data: str = BUILTIN_CORPUS  # JSONL of {question, answer} or {messages}; builtin: Q&A from stdlib docs
-    mode: Literal["full", "lora", "qlora"] = "lora"
+    base_model: str | None = None  # an HF model directory; None: this run's runs/<run>/pretrain/model
+    # Objects (builtin) or questions (a JSONL file) held out for `forge eval`, by a stable hash; the builtin set
+    # also holds out every object whose docstring the data stage put in val or test.
+    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    max_examples: int | None = Field(None, ge=1)  # cap the training examples (a seeded sample); None: all
+    mode: Literal["full", "lora", "qlora"] = "lora"  # qlora: 4-bit NF4 base (bitsandbytes) + LoRA, the memory saver
     lora_r: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
     lora_dropout: float = Field(0.05, ge=0.0, lt=1.0)
@@ -227,8 +238,11 @@ class SFTConfig(Section):
     micro_batch_size: int = Field(8, ge=1)
     grad_accum_steps: int = Field(1, ge=1)
     max_seq_length: int = Field(512, ge=16)
-    warmup_ratio: float = Field(0.03, ge=0.0, le=1.0)
+    warmup_ratio: float = Field(0.03, ge=0.0, lt=1.0)
     system_prompt: str | None = None
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on GPUs that have it, else fp32
+    gradient_checkpointing: bool = False  # saves activation memory on big models at ~30% more compute
+    log_every: int = Field(10, ge=1)  # steps between loss logs (MLflow)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -236,18 +250,38 @@ class SFTConfig(Section):
 
 
 class EvalConfig(Section):
+    """`forge eval`: perplexity, domain tasks, generations and the red flags' thresholds (see evaluation/)."""
+
     ppl_window: int | None = None  # None: the model's context length
     ppl_stride: int | None = None  # None: half the window
     max_test_tokens: int | None = 200_000
-    qa_max_examples: int = Field(200, ge=1)
+    qa_max_examples: int = Field(200, ge=1)  # held-out Q&A pairs answered (generation) and scored (multiple choice)
     mc_choices: int = Field(4, ge=2)
-    prompts: list[str] = []
+    chat: bool | None = None  # prompt through the chat template; None: when the model has one and is not pretrain's
+    prompts: list[str] = []  # generation prompts; empty: the first prompt_tokens of generation_prompts test documents
+    generation_prompts: int = Field(8, ge=1)
+    prompt_tokens: int = Field(32, ge=1)
     max_new_tokens: int = Field(64, ge=1)
-    benchmarks: list[str] = []
+    temperature: float = Field(0.8, ge=0.0)  # sampled generations (0: greedy), seeded with the run's seed
+    top_k: int = Field(50, ge=0)
+    random_baseline: bool = True  # also score a random-init model of the same shape (HF targets): the floor
+    reference: str | None = None  # model dir or .gguf for ppl_drift; None: sft -> pretrain model, gguf -> original
+    benchmarks: list[str] = []  # lm-eval tasks (forge_qa_mc is the shipped domain task); --benchmarks overrides
+    benchmark_limit: int | None = Field(None, ge=1)  # lm-eval examples per task (None: all)
+    min_benchmark: dict[str, float] = {}  # task -> lowest acceptable score (a red flag each)
+    repetition_ngram: int = Field(4, ge=1)
     max_repeated_ngram_rate: float = 0.5
     min_distinct_2: float = 0.2
     max_ppl_drift: float = 0.10  # relative perplexity increase against the reference model
+    max_val_ppl_rise: float = 0.05  # last val perplexity of the training history over its minimum
+    memorisation_docs: int = Field(20, ge=1)  # training and test documents continued greedily
+    memorisation_prefix: int = Field(32, ge=1)
+    memorisation_suffix: int = Field(32, ge=1)
     max_memorisation_gap: float = 0.2  # verbatim continuation rate, train minus test
+    min_generation_tokens: int = Field(4, ge=0)  # shorter generations count as degenerate
+    max_degenerate_rate: float = 0.5  # incoherence: share of degenerate generations allowed at low perplexity
+    incoherence_ppl_ratio: float = Field(1.0, gt=0)  # "low perplexity": below this x the unigram baseline
+    max_uniform_ppl_ratio: float = Field(0.5, gt=0)  # untrained: test perplexity / vocabulary size at or above it
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -255,9 +289,19 @@ class EvalConfig(Section):
 
 
 class QuantizeConfig(Section):
+    """`forge quantize`: GGUF types by llama.cpp name (f16 is always written: it is the quantizer's input),
+    bitsandbytes loading checks, and how each artifact is measured (see serve/quantize.py)."""
+
     gguf_types: list[str] = ["f16", "q8_0", "q4_k_m"]
     bitsandbytes: list[Literal["int8", "nf4"]] = ["int8", "nf4"]
-    max_eval_tokens: int = Field(50_000, ge=1)
+    max_eval_tokens: int = Field(50_000, ge=2)  # test-split tokens for perplexity
+    ppl_window: int | None = Field(None, ge=2)  # None: the model's context length
+    ppl_stride: int | None = Field(None, ge=1)  # None: half the window
+    generation_prompts: int = Field(4, ge=1)  # test documents whose first tokens prompt the greedy generations
+    max_new_tokens: int = Field(32, ge=1)  # greedy tokens per prompt (agreement and decode tokens/s)
+    threads: int | None = Field(None, ge=1)  # CPU threads for llama.cpp and torch; None: every core
+    # Relative perplexity increase over the f16 GGUF above which the report warns (the issue's acceptance bars).
+    max_ppl_drift: dict[str, float] = {"q8_0": 0.01, "q4_k_m": 0.05}
 
 
 class RegistryConfig(Section):

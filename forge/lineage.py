@@ -169,6 +169,9 @@ class Stage:
     sections: tuple[str, ...]
     inputs: Mapping[str, Path | str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    tracker: Any = field(default=None, repr=False, compare=False)  # the StageTracker while the body runs
+    # Sub-directories not uploaded to MLflow (token shards, checkpoints): they stay on disk, hashed in the manifest.
+    artifact_exclude: tuple[str, ...] = ()
 
     @property
     def dir(self) -> Path:
@@ -214,7 +217,8 @@ def read_manifest(stage_dir: Path) -> dict[str, Any] | None:
 def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], force: bool = False) -> dict[str, Any]:
     """Run `body(stage)` unless the stage is up to date; record the manifest and track it in MLflow.
 
-    The body writes its outputs into `stage.dir` and returns headline metrics (it may also fill `stage.metrics`).
+    The body writes its outputs into `stage.dir` and returns headline metrics (it may also fill `stage.metrics`);
+    `stage.tracker` is its MLflow StageTracker, for metrics logged while it runs (per-step training curves).
     Returns the manifest. A failing body leaves a manifest with status "failed" and the error, then re-raises.
     """
     from forge import tracking  # deferred: MLflow is slow to import and not needed to compute a skip
@@ -245,6 +249,7 @@ def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], fo
     start = time.time()
     with tracking.stage_run(stage.cfg, stage.name) as tracker:
         tracker.log_params({s: getattr(stage.cfg, s).model_dump(mode="json") for s in stage.sections})
+        stage.tracker = tracker
         try:
             returned = body(stage) or {}
         except BaseException as exc:
@@ -262,7 +267,7 @@ def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], fo
         )
         tracker.log_metrics(stage.metrics, parent=True)
         atomic_write_json(stage.manifest_path, manifest)
-        tracker.log_artifacts(stage.dir)
+        tracker.log_artifacts(stage.dir, exclude=stage.artifact_exclude)
     log.info("%s: done in %.1fs", stage.name, manifest["duration_s"])
     return manifest
 

@@ -33,24 +33,23 @@ class StageSpec:
         return getattr(importlib.import_module(module), function)
 
 
-STAGES: dict[str, StageSpec] = {
-    spec.name: spec
-    for spec in [
-        StageSpec("plan", None, 5, "parameters, token budget, memory per GPU, OOM verdict and time"),
-        StageSpec("data", None, 3, "ingest, split 98:1:1, clean, deduplicate, report what was removed"),
-        StageSpec("tokenizer", None, 4, "train a byte-level BPE on train, check compression, write token shards"),
-        StageSpec("pretrain", None, 6, "train the decoder-only model with Accelerate; export the best checkpoint"),
-        StageSpec("eval", None, 7, "perplexity, domain tasks and red flags for a model"),
-        StageSpec("sft", None, 8, "supervised fine-tuning with TRL on domain Q&A (full, LoRA, QLoRA)"),
-        StageSpec("quantize", None, 9, "GGUF f16/Q8_0/Q4_K_M and bitsandbytes 8/4-bit, with quality drift"),
-        StageSpec("register", None, 10, "register the candidate in the MLflow model registry with its evidence"),
-        StageSpec("promote", None, 10, "move the production alias if the gate passes"),
-        StageSpec("rollback", None, 10, "move production back to the previous version that passed"),
-        StageSpec("serve", None, 11, "serve the production model (llama.cpp on CPU, vLLM on GPU), OpenAI API"),
-        StageSpec("chat", None, 11, "the Gradio chat UI in front of a served model"),
-        StageSpec("bundle", None, 11, "a checksummed CPU deploy bundle of the production model"),
-    ]
-}
+# name, "module:function" (None until built), the issue that builds it, what it does (the verb's --help).
+_TABLE = [
+    ("plan", "pretrain.plan:run", 5, "parameters, token budget, memory per GPU, OOM verdict and time"),
+    ("data", "pretrain.data.stage:run", 3, "ingest, split 98:1:1, clean, deduplicate, report what was removed"),
+    ("tokenizer", "pretrain.tokenizer:run", 4, "train a byte-level BPE on train, check compression, write shards"),
+    ("pretrain", "pretrain.train:run", 6, "train the decoder-only model with Accelerate; export the best checkpoint"),
+    ("eval", "evaluation.stage:run", 7, "perplexity, domain tasks and red flags for a model"),
+    ("sft", "finetune.sft:run", 8, "supervised fine-tuning with TRL on domain Q&A (full, LoRA, QLoRA)"),
+    ("quantize", "serve.quantize:run", 9, "GGUF f16/Q8_0/Q4_K_M and bitsandbytes 8/4-bit, with quality drift"),
+    ("register", None, 10, "register the candidate in the MLflow model registry with its evidence"),
+    ("promote", None, 10, "move the production alias if the gate passes"),
+    ("rollback", None, 10, "move production back to the previous version that passed"),
+    ("serve", None, 11, "serve the production model (llama.cpp on CPU, vLLM on GPU), OpenAI API"),
+    ("chat", None, 11, "the Gradio chat UI in front of a served model"),
+    ("bundle", None, 11, "a checksummed CPU deploy bundle of the production model"),
+]
+STAGES: dict[str, StageSpec] = {row[0]: StageSpec(*row) for row in _TABLE}
 
 # The pipeline: (stage, options). eval runs twice, on the pretrained and on the fine-tuned model.
 PIPELINE: list[tuple[str, dict[str, Any]]] = [

@@ -96,12 +96,15 @@ class StageTracker:
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
-    def log_artifacts(self, directory: Path) -> None:
-        """Upload a stage directory's small files (reports, plots, configs); big ones stay on disk."""
+    def log_artifacts(self, directory: Path, exclude: tuple[str, ...] = ()) -> None:
+        """Upload a stage directory's small files (reports, plots, configs); big ones and `exclude`d
+        sub-directories stay on disk."""
         directory = Path(directory)
         for file in sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.startswith(".")):
+            sub = file.parent.relative_to(directory).as_posix()
+            if sub.split("/")[0] in exclude:
+                continue
             if file.stat().st_size <= MAX_ARTIFACT_BYTES:
-                sub = file.parent.relative_to(directory).as_posix()
                 self.log_artifact(file, None if sub == "." else sub)
 
 

@@ -18,12 +18,10 @@ plain text: a literal "[EOS]" or "<|user|>" inside a document stays ordinary byt
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from queue import Queue
 from typing import Any
 
 import numpy as np
@@ -34,11 +32,12 @@ from forge import ForgeError
 from forge.lineage import atomic_path
 
 FORMAT = "forge-token-shards/1"
-READ_BATCH_DOCS = 2048  # documents per encode_batch call: enough work for the Rust thread pool, little RAM
+READ_BATCH_DOCS = 1024  # documents per encode_batch call: enough work for the Rust thread pool, little RAM
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+    """Little-endian uint16 when every id fits (vocab_size <= 65,536), else uint32."""
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 
 
 def iter_text_batches(shards: list[Path], batch_docs: int = READ_BATCH_DOCS) -> Iterator[list[str]]:
@@ -73,30 +72,6 @@ class SplitStats:
         return self.doc_tokens + self.documents
 
 
-def _prefetch(batches: Iterator[list[str]], depth: int = 2) -> Iterator[list[str]]:
-    """Read the next parquet batches in a thread while the Rust encoder (which releases the GIL) works."""
-    queue: Queue = Queue(maxsize=depth)
-    done = object()
-    errors: list[BaseException] = []
-
-    def produce() -> None:
-        try:
-            for batch in batches:
-                queue.put(batch)
-        except BaseException as exc:  # re-raised in the consumer
-            errors.append(exc)
-        finally:
-            queue.put(done)
-
-    thread = threading.Thread(target=produce, daemon=True)
-    thread.start()
-    while (item := queue.get()) is not done:
-        yield item
-    thread.join()
-    if errors:
-        raise errors[0]
-
-
 def encode_split(tokenizer: Tokenizer, shards: list[Path], out_dir: Path, split: str, eos_id: int) -> SplitStats:
     """Encode one split's shards into out_dir/<split>.bin + .idx, streaming; return what was measured.
 
@@ -110,12 +85,12 @@ def encode_split(tokenizer: Tokenizer, shards: list[Path], out_dir: Path, split:
     offsets = [np.zeros(1, dtype=np.int64)]
     position = 0
     with open(out_dir / f"{split}.bin", "wb") as out:
-        for texts in _prefetch(iter_text_batches(shards)):
+        for texts in iter_text_batches(shards):
             encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
             lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
             flat = np.empty(int(lengths.sum()) + len(texts), dtype=dtype)
             ends = np.cumsum(lengths + 1)  # each document's end, after its EOS
-            for encoding, end, length in zip(encodings, ends, lengths):
+            for encoding, end, length in zip(encodings, ends, lengths, strict=True):
                 flat[end - 1 - length : end - 1] = encoding.ids
             flat[ends - 1] = eos_id
             out.write(flat.tobytes())
@@ -141,14 +116,19 @@ def encode_split(tokenizer: Tokenizer, shards: list[Path], out_dir: Path, split:
 def write_shards(
     tokenizer: Tokenizer, split_shards: dict[str, list[Path]], shards_dir: Path, special_ids: dict[str, int]
 ) -> dict[str, SplitStats]:
-    """Encode every split into `shards_dir` (written atomically as a whole) and write meta.json."""
+    """Encode every split into `shards_dir` (written atomically as a whole) and write meta.json.
+
+    `special_ids` maps names ("eos", "pad", "user"...) to ids; meta.json records each as `<name>_id`.
+    """
     eos_id = special_ids["eos"]
     was_encoding_special = tokenizer.encode_special_tokens
     tokenizer.encode_special_tokens = True  # document text is plain text, never control tokens
     try:
         with atomic_path(shards_dir) as tmp:
             tmp.mkdir(parents=True)
-            stats = {split: encode_split(tokenizer, shards, tmp, split, eos_id) for split, shards in split_shards.items()}
+            stats = {
+                split: encode_split(tokenizer, shards, tmp, split, eos_id) for split, shards in split_shards.items()
+            }
             vocab = tokenizer.get_vocab_size()
             meta = {
                 "format": FORMAT,
@@ -188,6 +168,9 @@ def load_split(shards_dir: Path, split: str) -> tuple[np.memmap, np.ndarray]:
     meta = read_meta(shards_dir)
     if split not in meta["splits"]:
         raise ForgeError(f"no {split!r} token shard in {shards_dir} (splits: {', '.join(meta['splits'])})")
-    tokens = np.memmap(shards_dir / f"{split}.bin", dtype=np.dtype(meta["dtype"]).newbyteorder("<"), mode="r")
+    dtype = np.dtype(meta["dtype"]).newbyteorder("<")
+    path = shards_dir / f"{split}.bin"
+    # np.memmap refuses an empty file: a split with no documents gets an empty array instead
+    tokens = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype=dtype)
     offsets = np.load(shards_dir / f"{split}.idx")
     return tokens, offsets

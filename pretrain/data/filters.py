@@ -22,10 +22,22 @@ import xxhash
 
 from forge.config import DataConfig, QualityConfig
 
+# Every way a document can be removed, in pipeline (and report) order.
 FILTERS = (
-    "unreadable", "html_extraction", "boilerplate", "metadata", "language", "gopher_quality", "gopher_repetition",
-    "c4", "fineweb", "exact_dedup", "near_dedup", "decontamination", "paragraph_dedup",
-)  # fmt: skip  -- report order
+    "unreadable",
+    "html_extraction",
+    "boilerplate",
+    "metadata",
+    "language",
+    "gopher_quality",
+    "gopher_repetition",
+    "c4",
+    "fineweb",
+    "exact_dedup",
+    "near_dedup",
+    "decontamination",
+    "paragraph_dedup",
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +53,10 @@ class Drop:
 def extract_html(html: str) -> str | Drop:
     import trafilatura  # deferred: slow import, only needed for HTML inputs
 
-    text = trafilatura.extract(html, favor_precision=True, include_comments=False)
+    try:
+        text = trafilatura.extract(html, favor_precision=True, include_comments=False)
+    except Exception as exc:  # lxml/trafilatura raise many types on broken markup: a bad page, not a bad run
+        return Drop("html_extraction", f"trafilatura failed: {type(exc).__name__}: {exc}"[:300])
     if not text or not text.strip():
         return Drop("html_extraction", "no main content found")
     return text
@@ -61,7 +76,7 @@ def normalize_line(line: str) -> str:
 
 
 def line_hash(line: str) -> int:
-    return xxhash.xxh64_intdigest(normalize_line(line))
+    return xxhash.xxh64_intdigest(normalize_line(line).encode())
 
 
 def doc_line_hashes(text: str) -> np.ndarray:
@@ -103,7 +118,7 @@ def remove_boilerplate(text: str, sketch: LineSketch | None, min_docs: int, min_
         counts = sketch.count(np.array([line_hash(line) for line in lines], dtype=np.uint64))
         recurring = counts >= min_docs
     kept = []
-    for line, is_recurring in zip(lines, recurring):
+    for line, is_recurring in zip(lines, recurring, strict=True):
         stripped = line.strip()
         if not stripped:
             kept.append(line)
@@ -266,7 +281,7 @@ def dup_ngram_char_ratio(words: list[str], n: int, total_chars: int) -> float:
             covered[i : i + n] = True
         else:
             seen.add(gram)
-    return sum(len(w) for w, c in zip(words, covered) if c) / max(total_chars, 1)
+    return sum(len(w) for w, c in zip(words, covered, strict=True) if c) / max(total_chars, 1)
 
 
 def gopher_repetition(text: str, q: QualityConfig) -> Drop | None:

@@ -1,0 +1,10 @@
+"""`forge data`: the corpus stage (issue 3). Read top to bottom, in pipeline order:
+
+stdlib_corpus.py  the embedded default corpus: stdlib docstrings (parsed with ast, never imported) + pydoc topics
+ingest.py         directory/file reader (.txt .md .rst .html .htm .jsonl[.gz|.zst] .parquet); bad inputs -> skips
+filters.py        per-document rules: HTML extraction, boilerplate lines, metadata, language, Gopher, C4, FineWeb
+dedup.py          exact hash, MinHash + banded LSH (explicit bands x rows), verified Jaccard, union-find, paragraphs
+pipeline.py       the per-record passes as pure functions, the split hash, the process pool
+report.py         removal log (removed.jsonl.zst), report.json / report.md, removed_by_filter.png
+stage.py          `run(cfg)`: ingest -> split -> extract -> clean -> dedup -> shards, through forge.lineage.run_stage
+"""

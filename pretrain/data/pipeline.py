@@ -1,0 +1,178 @@
+"""The per-record passes of `forge data`, as pure functions of (record, settings), and the process pool that maps
+them over batches.
+
+  extract_pass: split is already assigned; HTML -> main text; the line hashes the boilerplate counter needs.
+  clean_pass:   boilerplate lines -> metadata -> language -> quality rules -> dedup features (exact hash, LSH keys).
+
+A record is a plain dict {"id", "text", "source", "meta", "format", "split", "raw_chars", "removed": {filter: chars}}
+so these passes could run unchanged on any engine that maps a function over rows. The result of a record is the
+record (edited) or a dropped record that also carries "drop": filter and "reason".
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from forge.config import DataConfig
+from pretrain.data import filters
+from pretrain.data.dedup import NearDeduper, exact_hash
+
+SPLITS = ("train", "val", "test")
+Record = dict[str, Any]
+
+
+def split_of(doc_id: str, ratios: dict[str, float]) -> str:
+    """train/val/test from a stable hash of the id only: filters and their thresholds never move a document."""
+    u = xxhash.xxh64_intdigest(doc_id.encode(), seed=0x5EED) / 2**64
+    edge = 0.0
+    for split in SPLITS:
+        edge += ratios[split]
+        if u < edge:
+            return split
+    return SPLITS[-1]
+
+
+def _drop(record: Record, drop: filters.Drop) -> Record:
+    return {**record, "drop": drop.filter, "reason": drop.reason}
+
+
+def _edit(record: Record, step: str, new_text: str) -> Record:
+    removed = dict(record.get("removed", {}))
+    removed[step] = removed.get(step, 0) + len(record["text"]) - len(new_text)
+    return {**record, "text": new_text, "removed": removed}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# pass 1: extraction
+
+
+def extract_record(record: Record, cfg: DataConfig) -> tuple[Record, np.ndarray | None]:
+    """(record or dropped record, its distinct line hashes for the boilerplate counter or None)."""
+    if record.get("format") == "html":
+        if cfg.html_extraction:
+            text = filters.extract_html(record["text"])
+            if isinstance(text, filters.Drop):
+                return _drop(record, text), None
+            record = _edit(record, "html_extraction", text)
+        record = {**record, "format": "text"}
+    hashes = filters.doc_line_hashes(record["text"]) if cfg.boilerplate else None
+    return record, hashes
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# pass 2: cleaning and dedup features
+
+
+def clean_record(record: Record, cfg: DataConfig, sketch: filters.LineSketch | None, min_docs: int) -> Record:
+    text = record["text"]
+    if cfg.boilerplate:
+        text = filters.remove_boilerplate(text, sketch, min_docs, cfg.boilerplate_min_line_words)
+        if isinstance(text, filters.Drop):
+            return _drop(record, text)
+        record = _edit(record, "boilerplate", text)
+    if drop := filters.metadata_filter(record.get("meta", {}), cfg):
+        return _drop(record, drop)
+    lang, score = "und", 0.0
+    if cfg.language or cfg.quality.enabled:
+        lang, score = filters.detect_language(text)
+        record = {**record, "meta": {**record.get("meta", {}), "lang": lang, "lang_score": round(score, 4)}}
+    if cfg.language and (drop := filters.language_filter(lang, score, cfg)):
+        return _drop(record, drop)
+    if drop := filters.quality_filters(text, cfg.quality, lang):
+        return _drop(record, drop)
+    return {**record, "exact_hash": exact_hash(text)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# batch functions run in the workers (settings arrive once, through the pool initializer)
+
+_WORKER: dict[str, Any] = {}
+
+
+def init_worker(cfg: DataConfig, seed: int, sketch_table: np.ndarray | None = None, min_docs: int = 0) -> None:
+    _WORKER.clear()
+    _WORKER.update(
+        cfg=cfg,
+        sketch=filters.LineSketch(sketch_table) if sketch_table is not None else None,
+        min_docs=min_docs,
+        deduper=NearDeduper(cfg.dedup, seed),
+    )
+
+
+def _guarded(step: Callable[[Record], Any], record: Record, failed: Callable[[Record], Any]) -> Any:
+    """One record's failure (a bug or a pathological input) drops that record with the error, not the run."""
+    try:
+        return step(record)
+    except Exception as exc:
+        return failed(_drop(record, filters.Drop("unreadable", f"processing_error: {type(exc).__name__}: {exc}"[:300])))
+
+
+def extract_batch(batch: list[Record]) -> list[tuple[Record, np.ndarray | None]]:
+    return [_guarded(lambda r: extract_record(r, _WORKER["cfg"]), r, lambda d: (d, None)) for r in batch]
+
+
+def clean_batch(batch: list[Record]) -> tuple[list[Record], np.ndarray]:
+    """Cleaned records of a batch and the LSH band keys ([kept, bands] uint64) of the kept ones, in order."""
+    cfg: DataConfig = _WORKER["cfg"]
+    out = [
+        _guarded(lambda r: clean_record(r, cfg, _WORKER["sketch"], _WORKER["min_docs"]), r, lambda d: d) for r in batch
+    ]
+    kept = [r["text"] for r in out if "drop" not in r]
+    deduper: NearDeduper = _WORKER["deduper"]
+    if cfg.dedup.near and kept:
+        keys = deduper.band_keys(deduper.signatures([deduper.shingles(t) for t in kept]))
+    else:
+        keys = np.zeros((len(kept), cfg.dedup.bands), dtype=np.uint64)
+    return out, keys
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the pool
+
+
+def worker_count(cfg: DataConfig) -> int:
+    """data.workers, or (0) the cores this process may run on."""
+    if cfg.workers:
+        return cfg.workers
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def parallel_map(fn: Callable[[Any], Any], batches: Iterable[Any], workers: int, initargs: tuple) -> Iterator[Any]:
+    """fn over batches, results in input order, at most 2 x workers batches in flight (bounded memory).
+
+    Workers are spawned (not forked: the parent holds MLflow's threads and sqlite handles). One worker runs
+    inline, with no pool.
+    """
+    if workers <= 1:
+        init_worker(*initargs)
+        for batch in batches:
+            yield fn(batch)
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=initargs) as pool:
+        pending: deque = deque()
+        for batch in batches:
+            pending.append(pool.submit(fn, batch))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,346 @@
+"""`forge data`: ingest -> split -> clean -> deduplicate -> write shards and a report of what was removed.
+
+    forge data --config configs/tiny-cpu.yaml
+    forge data --set data.inputs='[corpus/]' --set data.dedup.jaccard_threshold=0.85
+
+Outputs in runs/<run>/data/:
+  <split>-<NNNNN>.parquet  cleaned documents: id, text, source, meta (JSON); one empty shard for an empty split
+  removed.jsonl.zst        every removed document: id, split, source, filter, reason, chars and its text (cut)
+  report.json, report.md   per filter: documents / characters / estimated tokens removed, duplicate clusters,
+  removed_by_filter.png    samples of removed documents, totals per split, storage estimate; the bar chart
+
+Memory stays bounded: records stream through two spill files under `.work/` (deleted at the end); the main process
+keeps ~130 B per document (exact hash, split, 14 LSH keys) plus the n-gram sets of candidate pairs only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from forge import ForgeError
+from forge.config import ForgeConfig
+from forge.lineage import Stage, run_stage
+from pretrain.data import dedup, filters, ingest, report
+from pretrain.data.pipeline import (
+    SPLITS,
+    batched,
+    clean_batch,
+    extract_batch,
+    parallel_map,
+    split_of,
+    worker_count,
+)
+
+log = logging.getLogger("forge.data")
+
+BATCH = 64  # records per pool task
+SHARD_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string()), ("source", pa.string()), ("meta", pa.string())])
+SPILL_SCHEMA = pa.schema([
+    ("id", pa.string()), ("text", pa.string()), ("source", pa.string()), ("meta", pa.string()),
+    ("split", pa.string()), ("raw_chars", pa.int64()), ("removed", pa.string()),
+])  # fmt: skip
+SPLIT_PRIORITY = {"test": 0, "val": 1, "train": 2}  # which copy of a duplicate is kept: test, then val, then train
+
+
+def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
+    stage = Stage(name="data", cfg=cfg, sections=("data",), inputs=ingest.input_fingerprints(cfg.data))
+    return run_stage(stage, build, force)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# spill files: records between passes, on disk
+
+
+class Spill:
+    def __init__(self, path: Path):
+        self.path, self.rows = path, 0
+        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(path, SPILL_SCHEMA, compression="zstd")
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        if records and self._writer is not None:
+            rows = [{**_row(r), "split": r["split"], "raw_chars": r["raw_chars"],
+                     "removed": json.dumps(r.get("removed", {}))} for r in records]  # fmt: skip
+            self._writer.write_table(pa.Table.from_pylist(rows, schema=SPILL_SCHEMA))
+            self.rows += len(records)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.close()
+        for batch in pq.ParquetFile(self.path).iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                yield {**row, "meta": json.loads(row["meta"]), "removed": json.loads(row["removed"])}
+
+
+def _row(record: dict[str, Any]) -> dict[str, str]:
+    return {"id": record["id"], "text": record["text"], "source": record["source"],
+            "meta": json.dumps(record.get("meta", {}), ensure_ascii=False, sort_keys=True)}  # fmt: skip
+
+
+class ShardWriter:
+    """<split>-<NNNNN>.parquet with at most `shard_docs` rows each; an empty split still gets one empty shard."""
+
+    def __init__(self, directory: Path, split: str, shard_docs: int):
+        self.directory, self.split, self.shard_docs = directory, split, shard_docs
+        self.shards: list[str] = []
+        self._buffer: list[dict[str, str]] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._rows_in_shard = 0
+
+    def _tmp(self, name: str) -> Path:
+        return self.directory / f".{name}.tmp"
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._writer is None or self._rows_in_shard >= self.shard_docs:
+            self._finish()
+            name = f"{self.split}-{len(self.shards):05d}.parquet"
+            self.shards.append(name)
+            self._writer = pq.ParquetWriter(self._tmp(name), SHARD_SCHEMA, compression="zstd")
+            self._rows_in_shard = 0
+        self._buffer.append(_row(record))
+        self._rows_in_shard += 1
+        if len(self._buffer) >= 1024:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._buffer and self._writer is not None:
+            self._writer.write_table(pa.Table.from_pylist(self._buffer, schema=SHARD_SCHEMA))
+            self._buffer = []
+
+    def _finish(self) -> None:
+        if self._writer is not None:
+            self._flush()
+            self._writer.close()
+            self._writer = None
+            name = self.shards[-1]
+            self._tmp(name).replace(self.directory / name)  # complete shards only under the final name
+
+    def close(self) -> list[str]:
+        if not self.shards:
+            name = f"{self.split}-00000.parquet"
+            pq.write_table(SHARD_SCHEMA.empty_table(), self._tmp(name))
+            self._tmp(name).replace(self.directory / name)
+            self.shards.append(name)
+        self._finish()
+        return self.shards
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the stage body
+
+
+def build(stage: Stage) -> dict[str, float]:
+    cfg, out = stage.cfg.data, stage.dir
+    _clear_outputs(out)
+    work = out / ".work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    workers = worker_count(cfg)
+    stats = report.Stats(filters.FILTERS, out / "removed.jsonl.zst")
+    try:
+        extracted, sketch = _extract(cfg, stage.cfg.seed, work, workers, stats)
+        cleaned, ids, hashes, keys, splits = _clean(cfg, stage.cfg.seed, work, workers, stats, extracted, sketch)
+        removed = _deduplicate(cfg, cleaned, ids, hashes, keys, splits, stats)
+        split_totals = _write_splits(cfg, out, cleaned, removed, stats)
+    finally:
+        stats.close()
+        shutil.rmtree(work, ignore_errors=True)
+    summary = report.write(out, stats, split_totals, stage.cfg)
+    kept = sum(t["docs"] for t in split_totals.values())
+    log.info(
+        "data: kept %d of %d documents (%.1f%% of the characters removed); train/val/test %s; report: %s",
+        kept, stats.raw_docs, summary["removed_pct_chars"], "/".join(str(split_totals[s]["docs"]) for s in SPLITS),
+        out / "report.md",
+    )  # fmt: skip
+    if kept == 0:
+        raise ForgeError(
+            f"data: every one of the {stats.raw_docs} input documents was removed; read {out / 'report.md'} "
+            "to see which filter removed them and loosen it (e.g. --set data.quality.min_words=10) "
+            "or check data.inputs"
+        )
+    return summary
+
+
+def _clear_outputs(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for path in out.iterdir():
+        if path.is_file() and (
+            re.fullmatch(r"(train|val|test)-\d{5}\.parquet", path.name)
+            or path.name in ("removed.jsonl.zst", "report.json", "report.md", "removed_by_filter.png")
+        ):
+            path.unlink()
+
+
+def _ingested(cfg, stats: report.Stats) -> Iterator[dict[str, Any]]:
+    """Records with their split, assigned from the id BEFORE any transformation; unreadable inputs logged."""
+    for item in ingest.iter_inputs(cfg):
+        if "skip" in item:
+            skipped = {**item, "split": "-", "text": "", "raw_chars": 0}
+            stats.count_raw(skipped)
+            stats.drop(skipped, "unreadable", f"{item['skip']}: {item['detail']}")
+            continue
+        text = item["text"] if item.get("format") == "html" else filters.nfc(item["text"]).strip()
+        yield {**item, "text": text, "split": split_of(item["id"], cfg.split), "raw_chars": len(text)}
+
+
+def _extract(cfg, seed: int, work: Path, workers: int, stats: report.Stats):
+    spill = Spill(work / "extracted.parquet")
+    sketch = filters.LineSketch() if cfg.boilerplate else None
+    records = tqdm(_ingested(cfg, stats), desc="data: read + extract", unit="doc", disable=None)
+    for results in parallel_map(extract_batch, batched(records, BATCH), workers, (cfg, seed)):
+        kept = []
+        for record, line_hashes in results:
+            stats.count_raw(record)
+            if "drop" in record:
+                stats.drop(record, record["drop"], record["reason"])
+                continue
+            kept.append(record)
+            if sketch is not None and line_hashes is not None and len(line_hashes):
+                sketch.add(line_hashes)
+        spill.write(kept)
+    spill.close()
+    if stats.raw_docs == 0:
+        raise ForgeError(
+            f"data: no documents found in data.inputs={cfg.inputs}; supported files: "
+            ".txt .md .rst .html .htm .jsonl .jsonl.gz .jsonl.zst .parquet"
+        )
+    return spill, sketch
+
+
+def _clean(cfg, seed, work, workers, stats, extracted: Spill, sketch):
+    min_docs = max(cfg.boilerplate_min_docs, math.ceil(cfg.boilerplate_min_doc_fraction * extracted.rows))
+    initargs = (cfg, seed, sketch.table if sketch is not None else None, min_docs)
+    spill = Spill(work / "cleaned.parquet")
+    ids: list[str] = []
+    hashes: list[int] = []
+    splits: list[int] = []
+    keys: list[np.ndarray] = []
+    records = tqdm(extracted, total=extracted.rows, desc="data: filter", unit="doc", disable=None)
+    for results, batch_keys in parallel_map(clean_batch, batched(records, BATCH), workers, initargs):
+        kept = []
+        for record in results:
+            if "drop" in record:
+                stats.drop(record, record["drop"], record["reason"])
+                continue
+            kept.append(record)
+            ids.append(record["id"])
+            hashes.append(record["exact_hash"])
+            splits.append(SPLIT_PRIORITY[record["split"]])
+        keys.append(batch_keys)
+        spill.write(kept)
+    spill.close()
+    all_keys = np.concatenate(keys) if keys else np.zeros((0, cfg.dedup.bands), dtype=np.uint64)
+    return spill, ids, np.array(hashes, dtype=np.uint64), all_keys, np.array(splits, dtype=np.int64)
+
+
+def _deduplicate(cfg, cleaned: Spill, ids: list[str], hashes, keys, splits, stats) -> dict[int, tuple[str, str]]:
+    """Row of the cleaned spill -> (filter, reason) for every document removed as a duplicate."""
+    n = len(hashes)
+    removed: dict[int, tuple[str, str]] = {}
+    if n == 0:
+        return removed
+    # Without decontamination, copies in different splits are not duplicates of each other.
+    group_split = np.zeros(n, dtype=np.int64) if cfg.dedup.decontaminate else splits
+    alive = np.ones(n, dtype=bool)
+    if cfg.dedup.exact:
+        _, labels = np.unique(np.stack([hashes, group_split.astype(np.uint64)], axis=1), axis=0, return_inverse=True)
+        labels = labels.ravel()
+        keep = dedup.keep_mask(labels, splits)
+        kept_row = _kept_row_of(labels, keep)
+        sizes = np.bincount(labels)
+        stats.clusters["exact"] = report.cluster_stats(sizes[sizes > 1])
+        for row in np.flatnonzero(~keep).tolist():
+            removed[row] = _dup_reason("exact_dedup", row, kept_row[row], ids, splits, "exact copy of")
+        alive &= keep
+    if cfg.dedup.near:
+        rows = np.flatnonzero(alive)
+        pair_allowed = None if cfg.dedup.decontaminate else (lambda i, j: group_split[rows[i]] == group_split[rows[j]])
+        pairs = dedup.candidate_pairs(keys[rows], pair_allowed)
+        sets = _shingle_sets(cleaned, rows[np.unique(pairs)] if len(pairs) else np.zeros(0, dtype=np.int64), cfg)
+        labels, verified = dedup.verified_clusters(
+            len(rows), pairs, lambda i, j: dedup.jaccard(sets[rows[i]], sets[rows[j]]), cfg.dedup.jaccard_threshold
+        )
+        keep = dedup.keep_mask(labels, splits[rows])
+        kept_local = _kept_row_of(labels, keep)
+        best_j: dict[int, float] = {}
+        for i, j, sim in verified:
+            for x in (i, j):
+                best_j[x] = max(best_j.get(x, 0.0), sim)
+        sizes = np.bincount(labels)
+        stats.clusters["near"] = report.cluster_stats(sizes[sizes > 1])
+        stats.clusters["near"]["candidate_pairs"] = int(len(pairs))
+        stats.clusters["near"]["verified_pairs"] = len(verified)
+        for local in np.flatnonzero(~keep).tolist():
+            row, kept = int(rows[local]), int(rows[kept_local[local]])
+            removed[row] = _dup_reason("near_dedup", row, kept, ids, splits, f"J={best_j.get(local, 0):.2f} with")
+    return removed
+
+
+def _kept_row_of(labels: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    kept_of_label = np.full(labels.max() + 1, -1, dtype=np.int64)
+    kept_of_label[labels[keep]] = np.flatnonzero(keep)
+    return kept_of_label[labels]
+
+
+def _dup_reason(kind: str, row: int, kept: int, ids: list[str], splits: np.ndarray, what: str) -> tuple[str, str]:
+    names = {v: k for k, v in SPLIT_PRIORITY.items()}
+    if splits[row] != splits[kept]:
+        return "decontamination", f"{what} {ids[kept]} ({names[int(splits[kept])]})"
+    return kind, f"{what} {ids[kept]}"
+
+
+def _shingle_sets(cleaned: Spill, rows: np.ndarray, cfg) -> dict[int, np.ndarray]:
+    """The n-gram sets of the candidate documents only (verification), read back from the spill."""
+    wanted = set(rows.tolist())
+    sets: dict[int, np.ndarray] = {}
+    if not wanted:
+        return sets
+    for row, record in enumerate(cleaned):
+        if row in wanted:
+            sets[row] = dedup.shingles(record["text"], cfg.dedup.ngram)
+    return sets
+
+
+def _write_splits(cfg, out: Path, cleaned: Spill, removed: dict[int, tuple[str, str]], stats) -> dict[str, Any]:
+    """Paragraph dedup and the shards, test and val first so train loses the paragraphs they hold."""
+    paragraphs = dedup.ParagraphDeduper(cfg.dedup.min_paragraph_chars) if cfg.dedup.paragraph else None
+    totals: dict[str, Any] = {}
+    for split in ("test", "val", "train"):
+        writer = ShardWriter(out, split, cfg.shard_docs)
+        docs = chars = 0
+        for row, record in enumerate(tqdm(cleaned, total=cleaned.rows, desc=f"data: write {split}", disable=None)):
+            if record["split"] != split:
+                continue
+            if row in removed:
+                kind, reason = removed[row]
+                stats.drop(record, kind, reason)
+                continue
+            if paragraphs is not None:
+                text, cut = paragraphs.apply(record["text"])
+                if not text:
+                    stats.drop(record, "paragraph_dedup", "every paragraph already appeared in another document")
+                    continue
+                if cut:
+                    record = {**record, "text": text, "removed": {**record["removed"], "paragraph_dedup": cut}}
+            stats.keep(record)
+            writer.write(record)
+            docs += 1
+            chars += len(record["text"])
+        totals[split] = {"docs": docs, "chars": chars, "est_tokens": report.est_tokens(chars),
+                         "shards": writer.close()}  # fmt: skip
+    return {s: totals[s] for s in SPLITS}

@@ -1,0 +1,495 @@
+"""`forge tokenizer`: a byte-level BPE trained on the train split, a compression report, a chat template and token
+shards for pretraining.
+
+    forge tokenizer --config configs/tiny-cpu.yaml
+    AutoTokenizer.from_pretrained("runs/tiny-cpu/tokenizer")
+
+Reads the data stage's `runs/<run>/data/<split>-NNNNN.parquet`; writes into `runs/<run>/tokenizer/`:
+  tokenizer.json, tokenizer_config.json, chat_template.jinja   a transformers tokenizer directory
+  shards/                                                     token shards (see pretrain/token_shards.py)
+  report.json, report.md                                      the compression report (val split)
+
+Ids are fixed: the config's special tokens in order ([PAD]=0, [UNK]=1, [BOS]=2, [EOS]=3), then its chat role
+tokens (system, user, assistant), then the 256 byte symbols, then the merges. The pre-tokenizer is
+`ByteLevel(add_prefix_space=False, use_regex=True)`: the GPT-2 regex, which llama.cpp reproduces as pre-tokenizer
+type "gpt-2". There is no normalizer and no post-processor: encoding adds no BOS/EOS and `decode(encode(text))`
+gives back the exact text (tabs, runs of spaces, any Unicode). Whoever wants a BOS adds it; the GGUF export must
+set add_bos_token=false like tokenizer_config.json does, or llama.cpp prepends a BOS the model never saw.
+
+The chat template (with the default tokens) renders each turn as its role token followed by the content, and ends
+every assistant turn with the EOS token, the only token llama.cpp stops on; `add_generation_prompt` appends the
+assistant role token. No newlines or spaces are added:
+
+    <|system|>Be brief.<|user|>Hi<|assistant|>Hello![EOS]<|user|>Bye<|assistant|>
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from forge import ForgeError
+from forge.config import ForgeConfig, TokenizerConfig
+from forge.lineage import (
+    Stage,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    run_dir,
+    run_stage,
+    sha256_file,
+)
+from pretrain.token_shards import SplitStats, iter_text_batches, load_split, write_shards
+
+log = logging.getLogger("forge.tokenizer")
+
+SPLITS = ("train", "val", "test")
+SPECIAL_NAMES = ("pad", "unk", "bos", "eos")  # what the first four `tokenizer.special_tokens` are, in order
+CHAT_ROLES = ("system", "user", "assistant")  # what the three `tokenizer.chat_roles` are, in order
+N_BYTES = 256  # the byte-level alphabet: every byte has a token, so no text is ever unknown
+TOKENS_PER_PARAMETER = (20, 100)  # the seeds' rule: train on 20-100 tokens per model parameter
+TOP_TOKENS = 20  # how many of the most frequent val tokens the report lists
+FORBIDDEN_CHARS = "'\"\\"  # would break the Jinja string literals the chat template quotes tokens in
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# config checks: everything that can be wrong before a single document is read
+
+
+def all_special_tokens(tcfg: TokenizerConfig) -> list[str]:
+    """Every special token in id order: special_tokens (pad, unk, bos, eos, extras...), then the chat roles."""
+    return [*tcfg.special_tokens, *tcfg.chat_roles]
+
+
+def check_config(tcfg: TokenizerConfig) -> None:
+    """Raise one ForgeError listing every problem with the tokenizer section (no data needed)."""
+    problems = []
+    if len(tcfg.special_tokens) < len(SPECIAL_NAMES):
+        problems.append(
+            f"tokenizer.special_tokens={tcfg.special_tokens}: needs at least {len(SPECIAL_NAMES)} tokens, in this "
+            "order: pad, unk, bos, eos (e.g. [PAD] [UNK] [BOS] [EOS])"
+        )
+    if len(tcfg.chat_roles) != len(CHAT_ROLES):
+        problems.append(
+            f"tokenizer.chat_roles={tcfg.chat_roles}: needs exactly {len(CHAT_ROLES)} tokens, in this order: "
+            "system, user, assistant (e.g. <|system|> <|user|> <|assistant|>)"
+        )
+    tokens = all_special_tokens(tcfg)
+    seen: dict[str, str] = {}
+    names = [*(f"special_tokens[{i}]" for i in range(len(tcfg.special_tokens)))]
+    names += [f"chat_roles[{i}]" for i in range(len(tcfg.chat_roles))]
+    for name, token in zip(names, tokens, strict=True):
+        if not token or token != token.strip() or any(c.isspace() for c in token):
+            problems.append(f"tokenizer.{name}={token!r}: a special token must be non-empty and contain no whitespace")
+        elif any(c in token for c in FORBIDDEN_CHARS):
+            problems.append(f"tokenizer.{name}={token!r}: a special token must not contain quotes or backslashes")
+        elif len(token) == 1:
+            problems.append(f"tokenizer.{name}={token!r}: a one-character special token would capture that character")
+        if token in seen:
+            problems.append(
+                f"tokenizer.{name}={token!r} collides with tokenizer.{seen[token]}: every special and chat role "
+                "token must be distinct (the end of an assistant turn is always the EOS token, not a role)"
+            )
+        seen.setdefault(token, name)
+    floor = N_BYTES + len(tokens) + 1
+    if tcfg.vocab_size < floor:
+        problems.append(
+            f"tokenizer.vocab_size={tcfg.vocab_size} leaves no room for merges: {N_BYTES} byte tokens + "
+            f"{len(tokens)} special tokens need vocab_size >= {floor} (the seeds use 32k-50k)"
+        )
+    if problems:
+        raise ForgeError("; ".join(problems))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the data stage's shards
+
+
+def data_shards(cfg: ForgeConfig) -> dict[str, list[Path]]:
+    """The data stage's parquet shards per split, after checking that the data stage completed."""
+    data_dir = run_dir(cfg) / "data"
+    manifest_path = data_dir / "manifest.json"
+    status = None
+    if manifest_path.is_file():
+        try:
+            status = json.loads(manifest_path.read_text(encoding="utf-8")).get("status")
+        except json.JSONDecodeError:
+            status = "unreadable"
+    if status != "complete":
+        state = "has not run" if status is None else f"is {status!r}"
+        raise ForgeError(
+            f"the data stage of run {cfg.run_name!r} {state} ({manifest_path}); run `forge data` with the same "
+            "--config first"
+        )
+    shards = {split: sorted(data_dir.glob(f"{split}-*.parquet")) for split in SPLITS}
+    missing = [split for split, files in shards.items() if not files]
+    if missing:
+        raise ForgeError(
+            f"{data_dir} has no {'/'.join(missing)} shards ({missing[0]}-00000.parquet...); re-run forge data"
+        )
+    return shards
+
+
+def shard_listing(files: list[Path]) -> str:
+    """A content id for a split's shards: their names and sha256, the stage's skip key for that input."""
+    return "\n".join(f"{f.name} {sha256_file(f)}" for f in files)
+
+
+def train_texts(shards: list[Path], max_docs: int | None) -> Iterator[list[str]]:
+    """The train split in batches, capped at `max_docs` documents."""
+    left = max_docs
+    for batch in iter_text_batches(shards):
+        if left is not None:
+            batch = batch[:left]
+            left -= len(batch)
+        if batch:
+            yield batch
+        if left is not None and left <= 0:
+            return
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# training
+
+
+def pre_tokenizer() -> pre_tokenizers.ByteLevel:
+    # use_regex=True is the GPT-2 split regex (llama.cpp pre-tokenizer "gpt-2"); no prefix space, so the first
+    # word of a text is encoded as it is and decode(encode(text)) == text.
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def check_corpus_capacity(shards: list[Path], tcfg: TokenizerConfig) -> None:
+    """Fail before training when the train split cannot produce `vocab_size` tokens.
+
+    Every BPE merge joins two adjacent symbols inside one distinct pre-tokenized word, so a corpus whose distinct
+    words have B bytes in all (n words) allows at most B - n merges. We stop reading as soon as the bound covers
+    the merges needed, so on a real corpus this reads a few documents. The bound ignores min_frequency: a corpus
+    that passes here can still fall short, which `train_tokenizer` reports with the exact size reached.
+    """
+    needed = tcfg.vocab_size - len(all_special_tokens(tcfg)) - N_BYTES
+    splitter = pre_tokenizer()
+    words: set[str] = set()
+    bound = docs = 0
+    for batch in train_texts(shards, tcfg.max_train_docs):
+        for text in batch:
+            docs += 1
+            for word, _ in splitter.pre_tokenize_str(text):
+                if word not in words:
+                    words.add(word)
+                    bound += len(word) - 1  # byte-level symbols: one per byte
+            if bound >= needed:
+                return
+    most = N_BYTES + len(all_special_tokens(tcfg)) + bound
+    raise ForgeError(
+        f"tokenizer.vocab_size={tcfg.vocab_size} is larger than the train split can support: its {docs} documents "
+        f"({len(words)} distinct words) allow at most {most} tokens ({N_BYTES} bytes + "
+        f"{len(all_special_tokens(tcfg))} special tokens + {bound} merges); lower tokenizer.vocab_size or add data"
+    )
+
+
+def train_tokenizer(shards: list[Path], tcfg: TokenizerConfig) -> Tokenizer:
+    """Train the byte-level BPE on the train shards, streaming, and check it reached the requested size."""
+    specials = all_special_tokens(tcfg)
+    tokenizer = Tokenizer(models.BPE(unk_token=tcfg.special_tokens[1]))
+    tokenizer.pre_tokenizer = pre_tokenizer()
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=tcfg.vocab_size,
+        min_frequency=tcfg.min_frequency,
+        special_tokens=specials,  # ids 0.. in this order
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, seen in train or not
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(train_texts(shards, tcfg.max_train_docs), trainer=trainer)
+    got = tokenizer.get_vocab_size()
+    if got < tcfg.vocab_size:
+        raise ForgeError(
+            f"tokenizer.vocab_size={tcfg.vocab_size} is larger than the train split supports: BPE with "
+            f"min_frequency={tcfg.min_frequency} stopped at {got} tokens (no pair left occurring "
+            f"{tcfg.min_frequency}+ times); set tokenizer.vocab_size <= {got}, lower tokenizer.min_frequency or add "
+            "data"
+        )
+    # A special token whose text BPE can also build from bytes (e.g. "EOS", all letters) would turn ordinary text
+    # into a control token; "[EOS]" and "<|user|>" mix letters and punctuation, which the GPT-2 regex splits.
+    merges = json.loads(tokenizer.to_str())["model"]["merges"]
+    merged = {"".join(pair) for pair in merges}
+    as_bytes = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    built = [t for t in specials if as_bytes.pre_tokenize_str(t)[0][0] in merged]
+    if built:
+        raise ForgeError(
+            f"special token(s) {built} are also frequent text of the train split (BPE merged them from bytes), so "
+            "ordinary text would encode as a control token; use tokens that mix letters and punctuation, like "
+            "[EOS] or <|user|>"
+        )
+    for i, token in enumerate(specials):
+        if tokenizer.token_to_id(token) != i:
+            raise ForgeError(f"special token {token!r} got id {tokenizer.token_to_id(token)}, expected {i}")
+    return tokenizer
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the transformers tokenizer directory
+
+
+def chat_template(tcfg: TokenizerConfig) -> str:
+    """The Jinja chat template: role token + content per turn, EOS after each assistant turn (see module doc)."""
+    system, user, assistant = (f"'{t}'" for t in tcfg.chat_roles)
+    eos = f"'{tcfg.special_tokens[3]}'"
+    return (
+        "{%- for message in messages -%}\n"
+        "{%- if message['role'] == 'system' -%}\n"
+        f"{{{{ {system} + message['content'] }}}}\n"
+        "{%- elif message['role'] == 'user' -%}\n"
+        f"{{{{ {user} + message['content'] }}}}\n"
+        "{%- elif message['role'] == 'assistant' -%}\n"
+        f"{{{{ {assistant} + message['content'] + {eos} }}}}\n"
+        "{%- else -%}\n"
+        "{{ raise_exception('unknown chat role ' + message['role'] + ': use system, user or assistant') }}\n"
+        "{%- endif -%}\n"
+        "{%- endfor -%}\n"
+        "{%- if add_generation_prompt -%}\n"
+        f"{{{{ {assistant} }}}}\n"
+        "{%- endif -%}\n"
+    )
+
+
+def save_tokenizer(tokenizer: Tokenizer, tcfg: TokenizerConfig, out_dir: Path) -> None:
+    """Write tokenizer.json, tokenizer_config.json and chat_template.jinja into `out_dir`, each atomically."""
+    from transformers import PreTrainedTokenizerFast  # deferred: transformers is slow to import
+
+    pad, unk, bos, eos, *extra = tcfg.special_tokens
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=pad,
+        unk_token=unk,
+        bos_token=bos,
+        eos_token=eos,
+        additional_special_tokens=[*extra, *tcfg.chat_roles],
+        clean_up_tokenization_spaces=False,  # it would delete spaces before punctuation on decode
+        add_bos_token=False,
+        add_eos_token=False,
+    )
+    hf.chat_template = chat_template(tcfg)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".tokenizer-save-") as tmp:
+        hf.save_pretrained(tmp)
+        config_path = Path(tmp) / "tokenizer_config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config.update(
+            tokenizer_class="PreTrainedTokenizerFast",  # the class name transformers 4.x and 5.x both load
+            add_bos_token=False,  # read by the GGUF export (tokenizer.ggml.add_bos_token)
+            add_eos_token=False,
+            clean_up_tokenization_spaces=False,
+        )
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            atomic_write_bytes(out_dir / name, (Path(tmp) / name).read_bytes())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# checks and the compression report
+
+
+def check_roundtrip(tokenizer: Tokenizer, shards: list[Path], shards_dir: Path, split: str) -> int:
+    """Decode every document of a split back from its token shard; raise on the first that differs from its text."""
+    tokens, offsets = load_split(shards_dir, split)
+    doc = 0
+    for texts in iter_text_batches(shards):
+        ids = [tokens[offsets[doc + i] : offsets[doc + i + 1] - 1].tolist() for i in range(len(texts))]
+        decoded = tokenizer.decode_batch(ids, skip_special_tokens=False)
+        for i, (text, back) in enumerate(zip(texts, decoded, strict=True)):
+            if text != back:
+                at = next(
+                    (j for j, (a, b) in enumerate(zip(text, back, strict=False)) if a != b), min(len(text), len(back))
+                )
+                raise ForgeError(
+                    f"tokenizer round trip failed on {split} document {doc + i} at character {at}: "
+                    f"{text[max(0, at - 20) : at + 20]!r} came back as {back[max(0, at - 20) : at + 20]!r}"
+                )
+        doc += len(texts)
+    return doc
+
+
+def compression_report(
+    tokenizer: Tokenizer, stats: dict[str, SplitStats], tcfg: TokenizerConfig, split: str = "val"
+) -> dict[str, Any]:
+    """Compression of `split` (tokens per word, chars per token, vocabulary use, top tokens, unknown bytes)."""
+    s, train = stats[split], stats["train"]
+    vocab = tokenizer.get_vocab_size()
+    unk_id = tokenizer.token_to_id(tcfg.special_tokens[1])
+    tokens = max(s.doc_tokens, 1)
+    top = np.argsort(-s.token_counts, kind="stable")[:TOP_TOKENS]
+    report: dict[str, Any] = {
+        "split": split,
+        "documents": s.documents,
+        "words": s.words,
+        "chars": s.chars,
+        "bytes": s.bytes,
+        "doc_tokens": s.doc_tokens,
+        "tokens_per_word": round(s.doc_tokens / max(s.words, 1), 4),
+        "chars_per_token": round(s.chars / tokens, 4),
+        "bytes_per_token": round(s.bytes / tokens, 4),
+        "vocab_size": vocab,
+        "vocab_used_fraction": round(float((s.token_counts > 0).sum()) / vocab, 4),
+        "vocab_used_fraction_train": round(float((train.token_counts > 0).sum()) / vocab, 4),
+        "unk_token_rate": float(s.token_counts[unk_id]) / tokens,
+        # bytes of this split whose value never occurs in train: their byte tokens were never trained
+        "unknown_byte_rate": float(s.byte_counts[train.byte_counts == 0].sum()) / max(s.bytes, 1),
+        "top_tokens": [
+            {
+                "id": int(i),
+                "token": tokenizer.id_to_token(int(i)),
+                "text": tokenizer.decode([int(i)], skip_special_tokens=False),
+                "count": int(s.token_counts[i]),
+                "share": round(float(s.token_counts[i]) / tokens, 4),
+            }
+            for i in top
+            if s.token_counts[i] > 0
+        ],
+        "max_tokens_per_word": tcfg.max_tokens_per_word,
+        "warnings": [],
+    }
+    if s.words == 0:
+        report["warnings"].append(f"the {split} split has no words: compression was not measured; check forge data")
+    elif report["tokens_per_word"] > tcfg.max_tokens_per_word:
+        report["warnings"].append(
+            f"{split}: {report['tokens_per_word']:.3f} tokens per word > tokenizer.max_tokens_per_word="
+            f"{tcfg.max_tokens_per_word}: the tokenizer splits this domain's words poorly; use a larger vocabulary "
+            "(tokenizer.vocab_size, the seeds suggest 32k-50k, 48k for acronym-heavy technical text) or a training "
+            "corpus more representative of the text the model will see"
+        )
+    return report
+
+
+def training_budget(cfg: ForgeConfig, vocab_size: int, tokens_train: int) -> dict[str, Any]:
+    """Tokens per parameter of the configured model against the seeds' 20-100x rule."""
+    try:
+        from pretrain.model import count_parameters
+    except ImportError as exc:
+        return {"note": f"parameter count unavailable ({exc}); tokens per parameter not computed"}
+    try:
+        params = count_parameters(cfg.model, vocab_size)
+    except ForgeError as exc:
+        return {"note": f"parameter count unavailable: {exc}", "warning": str(exc)}
+    ratio = tokens_train / params
+    low, high = TOKENS_PER_PARAMETER
+    out: dict[str, Any] = {
+        "parameters": params,
+        "tokens_train": tokens_train,
+        "tokens_per_parameter": round(ratio, 4),
+        "rule": f"{low}-{high} tokens per parameter",
+        "model_config_hash": cfg.section_hash("model"),  # the ratio is for this model config only
+    }
+    if ratio < low:
+        out["warning"] = (
+            f"the train split has {ratio:.2f} tokens per parameter of the configured model ({params:,} parameters), "
+            f"below the seeds' {low}x: one epoch under-trains it; add data, plan several epochs or use a smaller model"
+        )
+    elif ratio > high:
+        out["note"] = f"{ratio:.1f} tokens per parameter, above {high}x: a bigger model could use this data"
+    return out
+
+
+def report_markdown(report: dict[str, Any], splits: dict[str, dict[str, int]], budget: dict[str, Any]) -> str:
+    r = report
+    lines = [
+        f"# Tokenizer report: compression on {r['split']}",
+        "",
+        f"- vocabulary: {r['vocab_size']:,} tokens; used on {r['split']}: {r['vocab_used_fraction']:.1%}, "
+        f"on train: {r['vocab_used_fraction_train']:.1%}",
+        f"- tokens per word: {r['tokens_per_word']:.3f} (warning above {r['max_tokens_per_word']})",
+        f"- characters per token: {r['chars_per_token']:.3f}; bytes per token: {r['bytes_per_token']:.3f}",
+        f"- unknown-byte rate (bytes never seen in train): {r['unknown_byte_rate']:.2e}; "
+        f"[UNK] token rate: {r['unk_token_rate']:.2e}",
+        f"- {r['split']}: {r['documents']:,} documents, {r['words']:,} words, {r['chars']:,} characters, "
+        f"{r['doc_tokens']:,} tokens",
+        "",
+        "| split | documents | tokens (with one EOS per document) |",
+        "|---|---:|---:|",
+        *(f"| {name} | {s['documents']:,} | {s['tokens']:,} |" for name, s in splits.items()),
+        "",
+    ]
+    if "tokens_per_parameter" in budget:
+        lines.append(
+            f"Tokens per parameter: {budget['tokens_per_parameter']:.2f} ({budget['tokens_train']:,} train tokens, "
+            f"{budget['parameters']:,} parameters; rule {budget['rule']})."
+        )
+    for key in ("note", "warning"):
+        if key in budget:
+            lines.append(f"Training budget {key}: {budget[key]}")
+    lines += ["", f"Most frequent {r['split']} tokens:", "", "| id | text | count | share |", "|---:|---|---:|---:|"]
+    for t in r["top_tokens"]:
+        text = repr(t["text"]).replace("|", "\\|")  # a pipe would end the table cell
+        lines.append(f"| {t['id']} | `{text}` | {t['count']:,} | {t['share']:.2%} |")
+    lines += ["", *(f"WARNING: {w}" for w in r["warnings"])]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the stage
+
+
+def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
+    """Train the tokenizer on train, save it with its chat template, report compression, write token shards."""
+    check_config(cfg.tokenizer)
+    shards = data_shards(cfg)
+    check_corpus_capacity(shards["train"], cfg.tokenizer)  # cheap: stops once the bound covers the vocabulary
+    stage = Stage(
+        name="tokenizer",
+        cfg=cfg,
+        sections=("tokenizer",),
+        inputs={split: shard_listing(files) for split, files in shards.items()},
+        artifact_exclude=("shards",),
+    )
+    return run_stage(stage, lambda s: _build(s, shards), force=force)
+
+
+def _build(stage: Stage, shards: dict[str, list[Path]]) -> dict[str, float]:
+    tcfg = stage.cfg.tokenizer
+    log.info(
+        "tokenizer: training a %d-token byte-level BPE on %d train shard(s)", tcfg.vocab_size, len(shards["train"])
+    )
+    start = time.time()
+    tokenizer = train_tokenizer(shards["train"], tcfg)
+    train_seconds = time.time() - start
+    save_tokenizer(tokenizer, tcfg, stage.dir)
+
+    ids = {name: i for i, name in enumerate(SPECIAL_NAMES)}  # ids 0-3: pad, unk, bos, eos
+    ids |= {role: tokenizer.token_to_id(token) for role, token in zip(CHAT_ROLES, tcfg.chat_roles, strict=True)}
+    stats = write_shards(tokenizer, shards, stage.dir / "shards", ids)
+    encode_seconds = sum(s.seconds for s in stats.values())
+    log.info("tokenizer: encoded %s in %.1fs", ", ".join(f"{k} {v.tokens:,}" for k, v in stats.items()), encode_seconds)
+    checked = check_roundtrip(tokenizer, shards["val"], stage.dir / "shards", "val")
+
+    report = compression_report(tokenizer, stats, tcfg)
+    report["roundtrip_checked_documents"] = checked
+    splits = {k: {"documents": v.documents, "doc_tokens": v.doc_tokens, "tokens": v.tokens} for k, v in stats.items()}
+    budget = training_budget(stage.cfg, tokenizer.get_vocab_size(), stats["train"].tokens)
+    atomic_write_json(stage.dir / "report.json", {**report, "splits": splits, "training_budget": budget})
+    markdown = report_markdown(report, splits, budget)
+    atomic_write_text(stage.dir / "report.md", markdown)
+    log.info("tokenizer report (%s):\n%s", stage.dir / "report.md", markdown)
+    for warning in [*report["warnings"], *([budget["warning"]] if "warning" in budget else [])]:
+        log.warning("tokenizer: %s", warning)
+
+    metrics: dict[str, float] = {f"tokens_{k}": v.tokens for k, v in stats.items()}
+    metrics |= {f"docs_{k}": v.documents for k, v in stats.items()}
+    metrics |= {k: report[k] for k in ("tokens_per_word", "chars_per_token", "bytes_per_token", "vocab_used_fraction")}
+    metrics |= {k: report[k] for k in ("vocab_used_fraction_train", "unknown_byte_rate", "unk_token_rate")}
+    metrics |= {
+        "vocab_size": tokenizer.get_vocab_size(),
+        "compression_warning": int(bool(report["warnings"])),
+        "train_seconds": round(train_seconds, 3),
+        "encode_seconds": round(encode_seconds, 3),
+        "roundtrip_failures": 0,  # check_roundtrip raises on the first failure
+    }
+    if "tokens_per_parameter" in budget:
+        metrics |= {"tokens_per_parameter": budget["tokens_per_parameter"], "model_parameters": budget["parameters"]}
+    return metrics
