@@ -124,6 +124,62 @@ def eval_verb(
                f"see runs/{manifest['run']}/{manifest['stage']}/report.md")  # fmt: skip
 
 
+# ---- the registry gate (issue 10): register, promote, rollback, registry history (serve/registry.py)
+DEDICATED_VERBS |= {"register", "promote", "rollback"}
+NameArg = Annotated[Optional[str], typer.Argument(help="Registered model name (default: registry.model_name).")]
+registry_app = typer.Typer(help="The MLflow model registry: history of @production.", no_args_is_help=True)
+app.add_typer(registry_app, name="registry")
+
+
+@app.command("register")
+def register_verb(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, force: ForceOpt = False) -> None:
+    """Register the run's model as a new version, with its GGUFs, tokenizer, eval and quantization reports."""
+    manifest = run_verb("register", config, set_, run, force)
+    typer.echo(f"registered {manifest['run']}: version {int(manifest['metrics']['version'])}")
+
+
+@app.command("promote")
+def promote_verb(
+    name: NameArg = None,
+    version: Annotated[Optional[str], typer.Argument(help="Version to promote (default: the newest).")] = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run: RunOpt = None,
+) -> None:
+    """Judge a version by the gate policy; move @production only if every check passes (exit 1 if refused)."""
+    from serve.registry import promote
+
+    with user_errors():
+        decision = promote(resolve_config(config, set_, run), name, version)
+    typer.echo(decision.table())
+    if not decision.passed:
+        raise typer.Exit(1)
+    typer.echo(f"{decision.name}@production -> v{decision.version}")
+
+
+@app.command("rollback")
+def rollback_verb(name: NameArg = None, config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None) -> None:
+    """Move @production back to the previous version that passed the gate."""
+    from serve.registry import rollback
+
+    with user_errors():
+        moved = rollback(resolve_config(config, set_, run), name)
+    typer.echo(f"{moved['name']}@production: v{moved['previous']} -> v{moved['version']}")
+
+
+@registry_app.command("history")
+def registry_history_verb(name: NameArg = None, config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None,
+                          as_json: Annotated[bool, typer.Option("--json", help="Print the events as JSON.")] = False,
+                          ) -> None:  # fmt: skip
+    """Every promotion, refusal and rollback: which version was in production when."""
+    from serve.registry import events, format_history
+
+    with user_errors():
+        log_events = events(resolve_config(config, set_, run), name)
+    typer.echo(json.dumps(log_events, indent=2) if as_json else format_history(log_events))
+
+
+# ---- end of the registry gate
 for _name in STAGES:
     if _name not in DEDICATED_VERBS:
         _stage_verb(_name)

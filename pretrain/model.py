@@ -137,7 +137,6 @@ def build_model(
     from transformers import AutoModelForCausalLM
 
     config = hf_config(model_cfg, vocab_size, **token_ids)
-    config._attn_implementation = attn_implementation
     with torch.device(device or "cpu"):
         return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
 

@@ -48,3 +48,30 @@ def test_status_of_an_unknown_run_is_a_clear_error():
     out = forge("status", "no-such-run")
     assert out.returncode == 2
     assert "no run 'no-such-run'" in out.stderr and "Traceback" not in out.stderr
+
+
+def read_manifest(runs: Path, run: str, stage: str) -> dict:
+    import json
+
+    return json.loads((runs / run / stage / "manifest.json").read_text())
+
+
+def test_unchanged_stage_is_skipped_and_a_config_change_reruns_it(isolated_runs):
+    args = ["plan", "--config", "configs/tiny-cpu.yaml", "--run", "skiptest"]
+    assert forge(*args).returncode == 0
+    first = read_manifest(isolated_runs, "skiptest", "plan")
+
+    again = forge(*args)
+    assert again.returncode == 0 and "up to date, skipped" in again.stderr
+    assert read_manifest(isolated_runs, "skiptest", "plan")["finished_at"] == first["finished_at"]
+
+    changed = forge(*args, "--set", "train.max_steps=600")
+    assert changed.returncode == 0 and "skipped" not in changed.stderr
+    rerun = read_manifest(isolated_runs, "skiptest", "plan")
+    assert rerun["config_hash"] != first["config_hash"]
+    assert rerun["metrics"]["tokens_planned"] == 2 * first["metrics"]["tokens_planned"]
+
+    status = forge("status", "skiptest")
+    assert status.returncode == 0
+    assert any(line.split()[:2] == ["plan", "complete"] for line in status.stdout.splitlines())
+    assert any(line.split()[:3] == ["data", "not", "run"] for line in status.stdout.splitlines())

@@ -46,6 +46,7 @@ def test_stage_logs_to_the_embedded_store_by_default(isolated_runs):
 
 @pytest.mark.slow
 def test_stage_logs_to_a_real_mlflow_server(mlflow_server, monkeypatch):
+    """Nested runs, params, metrics and artifacts arrive on a real server, from the lineage layer and the CLI."""
     from mlflow import MlflowClient
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
@@ -62,3 +63,12 @@ def test_stage_logs_to_a_real_mlflow_server(mlflow_server, monkeypatch):
     assert parent.data.tags["forge.run"] == "served"
     assert parent.data.metrics["first.docs_kept"] == 123.0 and parent.data.metrics["second.removed_fraction"] == 0.25
     assert {"report.md", "manifest.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+
+    forge = Path(sys.executable).with_name("forge")
+    out = subprocess.run([forge, "plan", "--config", "configs/tiny-cpu.yaml", "--run", "served"], cwd=REPO,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (plan_run,) = client.search_runs([run.info.experiment_id], filter_string="tags.`forge.stage` = 'plan'")
+    assert plan_run.data.tags["mlflow.parentRunId"] == parent_id
+    assert plan_run.data.metrics["parameters"] == 4_458_752
+    assert "plan.txt" in {a.path for a in client.list_artifacts(plan_run.info.run_id)}

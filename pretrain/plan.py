@@ -1,0 +1,484 @@
+"""`forge plan`: the compute, memory, token and disk budget of a run, before anything runs.
+
+    forge plan --config configs/125m.yaml                      # the config's plan.hardware (rtx4090)
+    forge plan --config configs/1b.yaml --hardware rtx4090 --json
+    forge plan --config configs/350m.yaml --set plan.hardware=custom --set plan.memory_gb=48 --set plan.peak_tflops=180
+
+The estimate, per GPU (plain data parallelism: every GPU holds the whole training state):
+
+* Training state, bytes per parameter. fp32: weights 4 + gradients 4 + AdamW m and v 8 = 16. Mixed precision
+  the way torch autocast (and so Accelerate) does it: the parameters stay fp32 and are the master copy (4), autocast
+  keeps a bf16 copy of each weight from the forward to the backward (2), gradients are fp32 (4), AdamW m and v (8):
+  18. The often quoted "optimizer state" of mixed-precision training (Rajbhandari et al., ZeRO) is master + m + v =
+  12 bytes per parameter; the whole state without activations is what the seeds' "2-3 GB for a 125M model" means.
+* Activations per micro-batch of b sequences of s tokens, per layer: the per-layer estimate of Korthikanti et al.
+  (2022), s*b*h*(34 + 5*a*s/h) bytes for 16-bit activations, re-derived for what Hugging Face's Llama and GPT-2 keep
+  for the backward (counted with autograd saved-tensor hooks, see tests/test_plan.py):
+
+      llama  fp32  b*s*(40*h + 16*ff)        mixed  b*s*(34*h + 8*ff)
+      gpt2   fp32  b*s*(40*h + 20*ff)        mixed  b*s*(24*h + 10*ff)     (+6*b*s*h in mixed with dropout)
+
+  minus 8 (fp32) or 4 (mixed) bytes * b*s*(h - kv_dim) with grouped-query attention under sdpa. SDPA's fused
+  kernels keep no s x s matrix; where attention runs the math path (eager attention, or dropout on the CPU) the
+  probabilities cost a*s*s*b * (4 fp32 / 6 mixed eager, 12 with dropout) bytes more per layer. Outside the layers:
+  the fp32 log-softmax of the loss (4*b*s*V), the logits themselves (2 or 4 * b*s*V) and, in the backward, two fp32
+  b*s*V gradients: the output layer, not the transformer, dominates small models with large vocabularies.
+  Gradient checkpointing keeps each layer's input (4*b*s*h) and recomputes one layer at a time, after the loss's
+  tensors are gone (the recomputed layer counts only where it is larger than them).
+* Time: 6*N + 12*L*h*s flops per token (Kaplan et al. 2020, PaLM's attention term), N the matmul parameters,
+  at an assumed model-flops utilisation (plan.mfu); checkpointing recomputes the forward (x 8/6).
+* Disk: about 4 bytes of raw text per token (10B tokens ~ 40 GB), token shards 2 bytes per token (uint16 ids
+  while the vocabulary is below 65,536), a resumable checkpoint 4 (fp32 weights) + 8 (AdamW) bytes per parameter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from forge import ForgeError
+from forge.config import ForgeConfig, ModelConfig
+from forge.lineage import Stage, atomic_write_json, atomic_write_text, read_manifest, run_dir, run_stage
+from pretrain.model import count_parameters, parameter_breakdown, validate
+
+GIB = 1024**3
+GB = 1e9
+TEXT_BYTES_PER_TOKEN = 4.0  # the seeds' rule of thumb for English text with a BPE tokenizer
+TOKENS_PER_PARAM = (20, 100)  # Chinchilla-optimal (Hoffmann et al. 2022) to the "train longer" regime
+HEADROOM = 0.92  # the share of device memory a plan may fill (allocator fragmentation, spikes)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    label: str
+    memory_gib: float  # per device; a GPU's "24 GB" is 24 GiB, and plan.memory_gb is read the same way
+    peak_tflops: float  # dense bf16 tensor-core peak (fp32 for the CPU)
+    kind: str = "gpu"
+    overhead_gib: float = 0.8  # CUDA context, cuBLAS/cuDNN workspaces: not available to tensors
+
+
+def _cpu_profile() -> Hardware:
+    try:
+        import psutil
+
+        memory = psutil.virtual_memory().total / GIB
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        memory = 16.0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # AVX2: 2 FMA units x 8 fp32 lanes x 2 flops x ~3 GHz ~ 0.1 TFLOP/s per core, an optimistic ceiling
+    return Hardware("cpu", f"this CPU ({cores} cores, fp32)", round(memory, 1), 0.1 * cores, "cpu", 0.0)
+
+
+PROFILES: dict[str, Hardware] = {
+    h.name: h
+    for h in [
+        Hardware("rtx4090", "NVIDIA RTX 4090 24 GB", 24, 165),
+        Hardware("a100-40gb", "NVIDIA A100 40 GB", 40, 312),
+        Hardware("a100-80gb", "NVIDIA A100 80 GB", 80, 312),
+        Hardware("h100-80gb", "NVIDIA H100 SXM 80 GB", 80, 989),
+        Hardware("h200", "NVIDIA H200 141 GB", 141, 989),
+    ]
+}
+ALIASES = {"4090": "rtx4090", "a100": "a100-80gb", "h100": "h100-80gb", "h200-141gb": "h200"}
+
+
+def hardware_profile(cfg: ForgeConfig, name: str | None = None) -> Hardware:
+    """The profile named by `name` or plan.hardware; plan.memory_gb / plan.peak_tflops override its figures."""
+    p = cfg.plan
+    key = (name or p.hardware).lower()
+    key = ALIASES.get(key, key)
+    if key == "custom":
+        if p.memory_gb is None or p.peak_tflops is None:
+            raise ForgeError(
+                "plan.hardware=custom needs plan.memory_gb and plan.peak_tflops, e.g. --set plan.memory_gb=48 "
+                "--set plan.peak_tflops=180"
+            )
+        hw = Hardware("custom", f"custom GPU {p.memory_gb:g} GB, {p.peak_tflops:g} TFLOP/s", p.memory_gb, p.peak_tflops)
+    elif key == "cpu":
+        hw = _cpu_profile()
+    elif key in PROFILES:
+        hw = PROFILES[key]
+    else:
+        raise ForgeError(
+            f"plan.hardware={key!r} is not a known profile; use one of {', '.join(known_profiles())} "
+            "(custom needs plan.memory_gb and plan.peak_tflops)"
+        )
+    if key != "custom" and (p.memory_gb is not None or p.peak_tflops is not None):
+        hw = Hardware(hw.name, hw.label + " (overridden)", p.memory_gb or hw.memory_gib,
+                      p.peak_tflops or hw.peak_tflops, hw.kind, hw.overhead_gib)  # fmt: skip
+    return hw
+
+
+def known_profiles() -> list[str]:
+    return [*PROFILES, "cpu", "custom"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# memory
+
+
+def resolve_precision(precision: str, hw: Hardware) -> str:
+    """train.precision with "auto" resolved: bf16 on every GPU profile (all have it), fp32 on the CPU."""
+    if precision == "auto":
+        return "fp32" if hw.kind == "cpu" else "bf16"
+    return precision
+
+
+def state_bytes_per_param(precision: str) -> dict[str, float]:
+    """Training-state bytes per parameter by part (see the module docstring)."""
+    if precision == "fp32":
+        return {"weights": 4, "gradients": 4, "adamw_states": 8, "fp32_master": 0}
+    return {"weights": 2, "gradients": 4, "adamw_states": 8, "fp32_master": 4}
+
+
+def layer_activation_bytes(m: ModelConfig, b: int, s: int, mixed: bool, attention: str = "sdpa",
+                           device: str = "gpu") -> float:  # fmt: skip
+    """Bytes one transformer layer keeps for the backward, for a micro-batch of b sequences of s tokens."""
+    h, ff, a = m.hidden_size, m.intermediate_size, m.num_attention_heads
+    kv_dim = (m.num_key_value_heads or a) * m.head_dim
+    if m.architecture == "llama":
+        per_token = (34 * h + 8 * ff) if mixed else (40 * h + 16 * ff)
+    else:
+        per_token = (24 * h + 10 * ff) if mixed else (40 * h + 20 * ff)
+    math_path = attention == "eager" or (m.dropout > 0 and device == "cpu")
+    if mixed and m.dropout > 0 and (m.architecture == "gpt2" or math_path):
+        per_token += 6 * h  # dropout masks and the un-fused attention's extra copies
+    if attention == "sdpa":
+        per_token -= (4 if mixed else 8) * (h - kv_dim)  # K and V stay at kv-head size
+    total = b * s * per_token
+    if math_path:
+        total += a * s * s * b * (12 if m.dropout > 0 else (6 if mixed else 4))
+    return float(total)
+
+
+def activation_breakdown(m: ModelConfig, vocab: int, b: int, s: int, precision: str, checkpointing: bool,
+                         attention: str = "sdpa", device: str = "gpu") -> dict[str, float]:  # fmt: skip
+    """Activation bytes of one micro-batch: the layers, the logits/loss, and the backward's transient peak."""
+    mixed = precision != "fp32"
+    layer = layer_activation_bytes(m, b, s, mixed, attention, device)
+    h = m.hidden_size
+    embed_norm = b * s * h * (12 if m.architecture == "llama" else 8)  # embeddings output, final norm
+    logits = b * s * vocab * ((2 if mixed else 4) + 4)  # the logits + the loss's fp32 log-softmax
+    transient = b * s * vocab * 8  # backward of the loss: fp32 gradients of log-probs and logits
+    if checkpointing:
+        # every layer's fp32 input; a layer is recomputed only after the loss's tensors are freed, so it adds
+        # to the peak only where it is larger than them
+        layers = m.num_layers * 4 * b * s * h + max(0.0, layer - logits - transient)
+    else:
+        layers = m.num_layers * layer
+    return {"layers": float(layers), "embeddings_and_norm": float(embed_norm), "logits_and_loss": float(logits),
+            "loss_backward_transient": float(transient)}  # fmt: skip
+
+
+def memory_estimate(m: ModelConfig, vocab: int, hw: Hardware, precision: str, micro_batch: int, seq: int,
+                    checkpointing: bool, attention: str = "sdpa") -> dict[str, Any]:  # fmt: skip
+    """Peak memory per device, in bytes, split by part."""
+    n = count_parameters(m, vocab)
+    per_param = state_bytes_per_param(precision)
+    state = {k: float(v * n) for k, v in per_param.items()}
+    if precision != "fp32" and checkpointing:
+        # autocast's bf16 weight copies live one layer at a time when the layers are recomputed
+        layers_params = parameter_breakdown(m, vocab)["layers"]
+        state["weights"] = 2.0 * (n - layers_params + layers_params / m.num_layers)
+    acts = activation_breakdown(m, vocab, micro_batch, seq, precision, checkpointing, attention, hw.kind)
+    overhead = hw.overhead_gib * GIB
+    total = sum(state.values()) + sum(acts.values()) + overhead
+    return {"parameters": n, "state": state, "activations": acts, "overhead": overhead, "total": total}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the plan
+
+
+def tokenizer_metrics(cfg: ForgeConfig) -> dict[str, Any]:
+    """The metrics of the run's complete tokenizer stage, or {} when it has not run."""
+    manifest = read_manifest(run_dir(cfg) / "tokenizer")
+    if not manifest or manifest.get("status") != "complete":
+        return {}
+    return manifest.get("metrics", {}) or {}
+
+
+def measured_mfu(cfg: ForgeConfig) -> tuple[float | None, str]:
+    """The MFU the run's pretrain stage measured (metric "mfu" in its manifest), when it has one."""
+    manifest = read_manifest(run_dir(cfg) / "pretrain")
+    value = ((manifest or {}).get("metrics") or {}).get("mfu")
+    if manifest and manifest.get("status") == "complete" and isinstance(value, (int, float)) and 0 < value <= 1:
+        return float(value), "measured by the pretrain stage"
+    return None, ""
+
+
+def corpus_tokens(cfg: ForgeConfig) -> tuple[int | None, int | None, str]:
+    """(train tokens, trained vocabulary size, source) from the tokenizer stage's manifest, when it has run."""
+    metrics = tokenizer_metrics(cfg)
+    if not metrics:
+        return None, None, "unknown (the tokenizer stage has not run)"
+    tokens = next((metrics[k] for k in ("tokens_train", "train_tokens", "tokens") if k in metrics), None)
+    vocab = metrics.get("vocab_size")
+    source = "tokenizer manifest" if tokens is not None else "unknown (no token count in the tokenizer manifest)"
+    return (int(tokens) if tokens is not None else None), (int(vocab) if vocab is not None else None), source
+
+
+def estimate(cfg: ForgeConfig, hardware: str | None = None, attention: str = "sdpa") -> dict[str, Any]:
+    """The whole plan as a JSON-ready dict (sizes in bytes, times in seconds)."""
+    m, t, p = cfg.model, cfg.train, cfg.plan
+    hw = hardware_profile(cfg, hardware)
+    train_tokens, trained_vocab, tokens_source = corpus_tokens(cfg)
+    tokenizer_vocab = trained_vocab if trained_vocab is not None else cfg.tokenizer.vocab_size
+    warnings = validate(m, tokenizer_vocab)
+    vocab = tokenizer_vocab
+    precision = resolve_precision(t.precision, hw)
+    if hw.kind == "cpu" and precision != "fp32":
+        warnings.append(f"train.precision={t.precision} on the CPU: mixed precision is slow there; planned as given")
+    seq = m.context_length
+    n = count_parameters(m, vocab)
+    breakdown = parameter_breakdown(m, vocab)
+
+    # tokens
+    global_batch_tokens = t.micro_batch_size * t.grad_accum_steps * p.num_gpus * seq
+    planned = p.target_tokens or t.max_steps * global_batch_tokens
+    tokens = {
+        "recommended_min": TOKENS_PER_PARAM[0] * n, "recommended_max": TOKENS_PER_PARAM[1] * n,
+        "planned": planned, "planned_per_param": planned / n, "global_batch_tokens": global_batch_tokens,
+        "steps": math.ceil(planned / global_batch_tokens), "corpus_train": train_tokens, "corpus_source": tokens_source,
+        "epochs": planned / train_tokens if train_tokens else None,
+    }  # fmt: skip
+
+    if planned < tokens["recommended_min"]:
+        warnings.append(
+            f"{_count(planned)} planned tokens are {planned / n:.1f} per parameter, below {TOKENS_PER_PARAM[0]}x: "
+            f"the model is under-trained for its size; plan {_count(tokens['recommended_min'])}+ tokens "
+            "(train.max_steps, plan.target_tokens) or a smaller model"
+        )
+    if tokens["epochs"] and tokens["epochs"] > 4:
+        warnings.append(
+            f"{tokens['epochs']:.1f} epochs over the train split: beyond ~4 repeats extra epochs add little and "
+            "memorisation grows (Muennighoff et al. 2023); more data or a smaller model"
+        )
+
+    # memory
+    usable = hw.memory_gib * GIB * HEADROOM
+    configured = memory_estimate(m, vocab, hw, precision, t.micro_batch_size, seq, t.gradient_checkpointing, attention)
+    without = memory_estimate(m, vocab, hw, precision, t.micro_batch_size, seq, False, attention)
+    with_ckpt = memory_estimate(m, vocab, hw, precision, t.micro_batch_size, seq, True, attention)
+    fits = configured["total"] <= usable
+    advice = _advice(m, vocab, hw, precision, seq, t.micro_batch_size, t.grad_accum_steps,
+                     t.gradient_checkpointing, usable, attention, fits)  # fmt: skip
+    memory = {
+        "precision": precision, "micro_batch_size": t.micro_batch_size,
+        "gradient_checkpointing": t.gradient_checkpointing,
+        "attention": attention, "device_gib": hw.memory_gib, "usable_gib": usable / GIB, **configured,
+        "activations_without_checkpointing": sum(without["activations"].values()),
+        "activations_with_checkpointing": sum(with_ckpt["activations"].values()),
+        "total_without_checkpointing": without["total"], "total_with_checkpointing": with_ckpt["total"],
+        "optimizer_state_mixed_precision": 12.0 * n,  # master + m + v, the ZeRO paper's "optimizer states"
+        "verdict": "fits" if fits else "OOM", "advice": advice,
+    }  # fmt: skip
+
+    # time
+    matmul_params = breakdown["layers"] + vocab * m.hidden_size
+    flops_per_token = 6 * matmul_params + 12 * m.num_layers * m.hidden_size * seq
+    recompute = 8 / 6 if t.gradient_checkpointing else 1.0
+    mfu, mfu_source = measured_mfu(cfg)
+    if mfu is None:
+        mfu, mfu_source = p.mfu, "assumed (plan.mfu)"
+    throughput = p.num_gpus * hw.peak_tflops * 1e12 * mfu
+    seconds = planned * flops_per_token * recompute / throughput
+    time_ = {
+        "flops_per_token": flops_per_token, "total_flops": planned * flops_per_token, "mfu": mfu,
+        "mfu_source": mfu_source,
+        "num_gpus": p.num_gpus, "peak_tflops": hw.peak_tflops,
+        "tokens_per_second": throughput / (flops_per_token * recompute),
+        "seconds": seconds, "hours": seconds / 3600,
+    }  # fmt: skip
+
+    # disk
+    corpus_for = train_tokens or planned
+    text_per_token = float(tokenizer_metrics(cfg).get("bytes_per_token") or TEXT_BYTES_PER_TOKEN)
+    token_bytes = 2 if vocab <= 65536 else 4
+    ckpt = 4 * n + 8 * n
+    disk = {
+        "corpus_tokens": corpus_for, "corpus_basis": "train split" if train_tokens else "planned",
+        "text_bytes_per_token": text_per_token,
+        "corpus_text_bytes": corpus_for * text_per_token,
+        "token_shard_bytes": corpus_for * token_bytes, "checkpoint_bytes": ckpt, "checkpoint_weights_bytes": 4 * n,
+        "checkpoints_kept": t.keep_checkpoints, "checkpoints_bytes": ckpt * t.keep_checkpoints,
+        "export_bf16_bytes": 2 * n,
+    }  # fmt: skip
+
+    return {
+        "run": cfg.run_name, "hardware": asdict(hw),
+        "model": {"architecture": m.architecture, "vocab_size": vocab, "hidden_size": m.hidden_size,
+                  "num_layers": m.num_layers, "num_attention_heads": m.num_attention_heads,
+                  "intermediate_size": m.intermediate_size, "context_length": seq,
+                  "parameters": n, "parameter_breakdown": breakdown},
+        "tokens": tokens, "memory": memory, "time": time_, "disk": disk, "warnings": warnings,
+    }  # fmt: skip
+
+
+def _advice(m: ModelConfig, vocab: int, hw: Hardware, precision: str, seq: int, mb: int, accum: int, ckpt: bool,
+            usable: float, attention: str, fits: bool) -> list[str]:  # fmt: skip
+    """What to change so the run fits (or what headroom is left)."""
+    global_seqs = mb * accum
+
+    def total(micro: int, checkpointing: bool) -> float:
+        return memory_estimate(m, vocab, hw, precision, micro, seq, checkpointing, attention)["total"]
+
+    def largest_micro(checkpointing: bool) -> int:
+        best = 0
+        micro = 1
+        while micro <= max(global_seqs, 1) and total(micro, checkpointing) <= usable:
+            best = micro
+            micro *= 2
+        return best
+
+    advice = []
+    if fits:
+        room = largest_micro(ckpt)
+        if room > mb:
+            advice.append(f"headroom: micro-batch {room} also fits (grad_accum_steps {max(1, global_seqs // room)} "
+                          "keeps the global batch)")  # fmt: skip
+        if ckpt and total(mb, False) <= usable:
+            advice.append("gradient checkpointing is not needed at this micro-batch: turn it off for ~25% speed")
+        return advice
+    for checkpointing in [False, True] if not ckpt else [True]:
+        micro = largest_micro(checkpointing)
+        if micro:
+            how = "with train.gradient_checkpointing=true, " if checkpointing and not ckpt else ""
+            advice.append(
+                f"{how}train.micro_batch_size={micro} and train.grad_accum_steps={math.ceil(global_seqs / micro)} "
+                f"(same global batch of {global_seqs} sequences): "
+                f"{total(micro, checkpointing) / GIB:.1f} GiB of {usable / GIB:.1f} usable"
+            )
+    if not advice:
+        state_per_param = sum(state_bytes_per_param(precision).values())
+        spare = (
+            usable
+            - hw.overhead_gib * GIB
+            - sum(activation_breakdown(m, vocab, 1, seq, precision, True, attention, hw.kind).values())
+        )
+        max_params = max(spare, 0) / state_per_param
+        advice.append(
+            f"even micro-batch 1 with gradient checkpointing does not fit: use a smaller model (at most "
+            f"~{max_params / 1e6:.0f}M parameters here), a larger GPU, or shard the state across GPUs (FSDP/ZeRO)"
+        )
+    return advice
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# text
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.2f} GiB"
+
+
+def _count(x: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def render_text(plan: dict[str, Any]) -> str:
+    m, tok, mem, tm, disk = plan["model"], plan["tokens"], plan["memory"], plan["time"], plan["disk"]
+    hw = plan["hardware"]
+    st, act = mem["state"], mem["activations"]
+    state_total = sum(st.values())
+    n = m["parameters"]
+    mixed = mem["precision"] != "fp32"
+    lines = [
+        f"plan for run {plan['run']} on {hw['label']} x{tm['num_gpus']}",
+        "",
+        f"model       {m['architecture']}  hidden {m['hidden_size']}, {m['num_layers']} layers, "
+        f"{m['num_attention_heads']} heads, ff {m['intermediate_size']}, context {m['context_length']}, "
+        f"vocab {m['vocab_size']}",
+        f"parameters  {n:,} ({_count(n)}; embeddings {_count(m['parameter_breakdown']['embeddings'])}, "
+        f"layers {_count(m['parameter_breakdown']['layers'])})",
+        "",
+        f"tokens      recommended {_count(tok['recommended_min'])}-{_count(tok['recommended_max'])} "
+        f"({TOKENS_PER_PARAM[0]}x-{TOKENS_PER_PARAM[1]}x parameters)",
+        f"            planned {_count(tok['planned'])} ({tok['planned_per_param']:.1f} per parameter, "
+        f"{tok['steps']:,} steps of {tok['global_batch_tokens']:,} tokens)",
+        "            corpus  "
+        + (
+            f"{_count(tok['corpus_train'])} train tokens ({tok['epochs']:.2f} epochs)"
+            if tok["corpus_train"]
+            else tok["corpus_source"]
+        ),
+        "",
+        f"memory      per device, {mem['precision']}{' (torch autocast mixed precision)' if mixed else ''}, "
+        f"micro-batch {mem['micro_batch_size']} x {m['context_length']} tokens, "
+        f"gradient checkpointing {'on' if mem['gradient_checkpointing'] else 'off'}",
+        f"  weights            {_gib(st['weights'])}  ({'bf16 copies autocast keeps' if mixed else 'fp32'})",
+        f"  gradients          {_gib(st['gradients'])}  (fp32)",
+        f"  AdamW m + v        {_gib(st['adamw_states'])}  (fp32)",
+        f"  fp32 master copy   {_gib(st['fp32_master'])}  " + ("(the fp32 parameters)" if mixed else "(none in fp32)"),
+        f"  = training state   {_gib(state_total)}  ({state_total / n:.0f} bytes/parameter; optimizer state proper, "
+        f"master + m + v at 12 B/param: {_gib(mem['optimizer_state_mixed_precision'])})",
+        f"  activations        {_gib(sum(act.values()))}  (layers {_gib(act['layers'])}, logits and loss "
+        f"{_gib(act['logits_and_loss'] + act['loss_backward_transient'])}, embeddings/norm "
+        f"{_gib(act['embeddings_and_norm'])})",
+        f"     without / with gradient checkpointing: {_gib(mem['activations_without_checkpointing'])} / "
+        f"{_gib(mem['activations_with_checkpointing'])}",
+        f"  runtime overhead   {_gib(mem['overhead'])}  (CUDA context, workspaces)" if mem["overhead"] else None,
+        f"  = peak             {_gib(mem['total'])} of {mem['device_gib']:g} GiB "
+        f"({_gib(mem['usable_gib'] * GIB)} usable at {HEADROOM:.0%})",
+        f"verdict     {'fits' if mem['verdict'] == 'fits' else 'OOM: will not fit'}"
+        f"  (without checkpointing {_gib(mem['total_without_checkpointing'])}, with "
+        f"{_gib(mem['total_with_checkpointing'])})",
+        *[f"  -> {a}" for a in mem["advice"]],
+        "",
+        f"time        {tm['hours']:.1f} h for {_count(tok['planned'])} tokens at MFU {tm['mfu']:.0%} of "
+        f"{tm['peak_tflops']:g} TFLOP/s x{tm['num_gpus']} ({_count(tm['tokens_per_second'])} tokens/s, "
+        f"{_count(tm['flops_per_token'])} flops/token; MFU {tm['mfu_source']})",
+        f"disk        {disk['corpus_basis']} {_count(disk['corpus_tokens'])} tokens: "
+        f"~{disk['corpus_text_bytes'] / GB:.1f} GB of text "
+        f"(~{disk['text_bytes_per_token']:.3g} bytes/token), {disk['token_shard_bytes'] / GB:.1f} GB of token shards",
+        f"            checkpoint {disk['checkpoint_bytes'] / GB:.2f} GB (fp32 weights "
+        f"{disk['checkpoint_weights_bytes'] / GB:.2f} + AdamW), x{disk['checkpoints_kept']} kept = "
+        f"{disk['checkpoints_bytes'] / GB:.2f} GB; bf16 export {disk['export_bf16_bytes'] / GB:.2f} GB",
+    ]
+    if plan["warnings"]:
+        lines += ["", "warnings", *[f"  - {w}" for w in plan["warnings"]]]
+    return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the stage
+
+
+def run(cfg: ForgeConfig, force: bool = False, hardware: str | None = None, **options: Any) -> dict[str, Any]:
+    """Write plan.json and plan.txt into runs/<run>/plan/; returns the manifest (the plan under "plan")."""
+    if hardware:
+        cfg = cfg.model_copy(deep=True)
+        cfg.plan.hardware = hardware
+    plan = estimate(cfg)  # a bad profile or vocabulary fails here, before the stage (and its tracking) starts
+    inputs: dict[str, Path | str] = {}
+    tokenizer_manifest = run_dir(cfg) / "tokenizer" / "manifest.json"
+    if tokenizer_manifest.is_file():
+        inputs["tokenizer_manifest"] = tokenizer_manifest
+    pretrain_manifest = run_dir(cfg) / "pretrain" / "manifest.json"
+    if measured_mfu(cfg)[0] is not None:
+        inputs["pretrain_manifest"] = pretrain_manifest
+    stage = Stage(name="plan", cfg=cfg, sections=("plan", "model", "train", "tokenizer"), inputs=inputs)
+
+    def body(stage: Stage) -> dict[str, float]:
+        atomic_write_json(stage.dir / "plan.json", plan)
+        atomic_write_text(stage.dir / "plan.txt", render_text(plan))
+        return {
+            "parameters": plan["model"]["parameters"],
+            "memory_peak_gib": round(plan["memory"]["total"] / GIB, 3),
+            "fits": 1.0 if plan["memory"]["verdict"] == "fits" else 0.0,
+            "hours": round(plan["time"]["hours"], 3),
+            "tokens_planned": plan["tokens"]["planned"],
+        }
+
+    manifest = run_stage(stage, body, force=force)
+    manifest["plan"] = json.loads((stage.dir / "plan.json").read_text(encoding="utf-8"))
+    manifest["plan_text"] = (stage.dir / "plan.txt").read_text(encoding="utf-8")
+    return manifest
