@@ -1,0 +1,464 @@
+"""`forge sft`: supervised fine-tuning of the pretrained model on domain Q&A with TRL (full, LoRA or QLoRA).
+
+    forge sft --config configs/tiny-cpu.yaml
+    forge sft --config configs/tiny-cpu.yaml --set sft.mode=qlora --set sft.data=my_pairs.jsonl
+
+Reads the base model (`sft.base_model`, default runs/<run>/pretrain/model/: an HF directory with its tokenizer and
+chat template) and the data (`sft.data`: a JSONL file, see finetune/sft_data.py, or the builtin stdlib Q&A, see
+finetune/qa_builtin.py). Writes into runs/<run>/sft/:
+  model/            the fine-tuned model, LoRA merged in: an HF directory with the base's tokenizer files and chat
+                    template copied byte for byte, ready for `forge eval`, `forge quantize` and serving
+  adapter/          the LoRA adapter (lora, qlora)
+  qa_eval.jsonl     the held-out Q&A, never trained on, for `forge eval` ({"question", "answer", "messages", ...})
+  sft_train.jsonl   the conversations trained on
+  data_report.json  lines read, lines skipped with their line numbers and reasons, near-duplicates removed, count
+                    against the 10k-100k guidance
+  train_history.jsonl, samples.json   per-step logs; greedy answers to a few held-out questions
+
+Loss mask: TRL's `assistant_only_loss=True`. It needs `{% generation %}` markers in the chat template, which the
+shipped template (pretrain/tokenizer.py) does not have and TRL cannot patch (it knows only public model families).
+So training uses a copy of the template with the assistant reply AND its EOS inside the markers, checked to render
+byte-identical to the shipped one; the shipped template is what the exported model carries. Supervised tokens are
+exactly each assistant reply plus the EOS that ends it, never the role tokens, the system or the user turns (pinned
+by tests/test_sft.py). `completion_only_loss` (prompt/completion) was not used: it supervises only the LAST
+assistant turn of a multi-turn conversation.
+
+Modes: full (every weight trains), lora (peft LoRA on every linear layer but the output head), qlora (the base
+loaded as bitsandbytes 4-bit NF4 with double quantisation and bf16 compute, then LoRA; runs on CPU too). A LoRA
+adapter is merged into the base loaded at its saved precision (for qlora: the unquantized base, as peft documents;
+the merged model differs from the trained quantized-base + adapter by the base's NF4 rounding error).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from finetune.sft_data import Example, guidance, read_jsonl, split_held_out, to_messages
+from forge import ForgeError
+from forge.config import BUILTIN_CORPUS, ForgeConfig, SFTConfig
+from forge.lineage import Stage, atomic_path, atomic_write_json, atomic_write_text, run_dir, run_stage
+
+log = logging.getLogger("forge.sft")
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+    "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+)  # fmt: skip
+SAMPLE_QUESTIONS = 3  # held-out questions answered greedily after training, saved in samples.json
+SAMPLE_NEW_TOKENS = 64
+
+# The assistant turn of the Forge chat template: {{ '<|assistant|>' + message['content'] + '[EOS]' }}
+_ASSISTANT_TURN = re.compile(r"\{\{-?\s*'(?P<role>[^']+)'\s*\+\s*message\['content'\]\s*\+\s*'(?P<eos>[^']+)'\s*-?\}\}")
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_PROBES = [
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What does `len` do?"},
+        {"role": "assistant", "content": "Return the number of items."},
+        {"role": "user", "content": "And `abs`?"},
+        {"role": "assistant", "content": "The absolute value."},
+    ],
+]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# inputs
+
+
+def base_model_dir(cfg: ForgeConfig) -> Path:
+    base = Path(cfg.sft.base_model) if cfg.sft.base_model else run_dir(cfg) / "pretrain" / "model"
+    if not (base / "config.json").is_file():
+        hint = "set sft.base_model to an HF model directory" if cfg.sft.base_model else (
+            "run `forge pretrain` with the same --config first, or set sft.base_model"
+        )  # fmt: skip
+        raise ForgeError(f"no base model at {base} (config.json missing); {hint}")
+    return base
+
+
+def data_input(cfg: ForgeConfig) -> Path | str:
+    """The `data` input of the skip key: the JSONL file (hashed by content) or the builtin set's full identity."""
+    if cfg.sft.data != BUILTIN_CORPUS:
+        path = Path(cfg.sft.data)
+        if not path.is_file():
+            raise ForgeError(f"sft.data={cfg.sft.data!r}: file not found; use a JSONL file or {BUILTIN_CORPUS}")
+        return path
+    from finetune.qa_builtin import builtin_id
+
+    pretrain = cfg.data.split if BUILTIN_CORPUS in cfg.data.inputs else None
+    return json.dumps({"qa": builtin_id(), "pretrain_split": pretrain, "dedup": cfg.data.dedup.model_dump()})
+
+
+def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
+    """Fine-tune the base model on the Q&A data; export the merged model, adapter and held-out Q&A."""
+    stage = Stage(name="sft", cfg=cfg, sections=("sft",), inputs={"base": base_model_dir(cfg), "data": data_input(cfg)})
+    return run_stage(stage, _sft, force=force)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tokenizer and the training chat template
+
+
+def load_tokenizer(base: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    if not tokenizer.chat_template:
+        raise ForgeError(f"{base} has no chat template (chat_template.jinja); SFT and serving need one")
+    if tokenizer.eos_token is None:
+        raise ForgeError(f"{base}: the tokenizer has no EOS token; the chat template must end assistant turns with it")
+    return tokenizer
+
+
+def training_chat_template(tokenizer: Any) -> str:
+    """The shipped chat template with `{% generation %}` around each assistant reply + its EOS (TRL's
+    assistant_only_loss mask), checked to render exactly like the shipped one."""
+    template = tokenizer.chat_template
+    if _GENERATION.search(template):
+        return template  # already marked: TRL uses it as it is
+    found = list(_ASSISTANT_TURN.finditer(template))
+    if len(found) != 1:
+        raise ForgeError(
+            "the chat template's assistant turn is not the Forge one ({{ '<role>' + message['content'] + '<eos>' }}); "
+            "add {% generation %}...{% endgeneration %} around the assistant reply and its end-of-turn token"
+        )
+    m = found[0]
+    if m["eos"] != tokenizer.eos_token:
+        raise ForgeError(
+            f"the chat template ends assistant turns with {m['eos']!r}, not the EOS token {tokenizer.eos_token!r}: "
+            "llama.cpp stops only on EOS, so the turn must end with it"
+        )
+    patched = (
+        template[: m.start()]
+        + f"{{{{ '{m['role']}' }}}}{{% generation %}}{{{{ message['content'] + '{m['eos']}' }}}}{{% endgeneration %}}"
+        + template[m.end() :]
+    )
+    for messages in _PROBES:
+        for prompt in (False, True):
+            a = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+            b = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt,
+                                              chat_template=patched)  # fmt: skip
+            if a != b:
+                raise ForgeError(f"the training chat template renders {b!r} where the shipped one renders {a!r}")
+    return patched
+
+
+def rendered_lengths(tokenizer: Any, conversations: list[list[dict[str, str]]]) -> list[int]:
+    """Token count of each conversation rendered with the chat template."""
+    if not conversations:
+        return []
+    texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in conversations]
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# data: train examples and the held-out Q&A
+
+
+def load_data(cfg: ForgeConfig, tokenizer: Any) -> tuple[list[Example], list[dict[str, Any]], dict[str, Any]]:
+    """(training examples, held-out Q&A records for forge eval, data report)."""
+    s = cfg.sft
+    if s.data == BUILTIN_CORPUS:
+        train, held_out, report = _builtin(cfg, tokenizer)
+    else:
+        train, held_out, report = _from_file(cfg, tokenizer)
+    if s.max_examples is not None and len(train) > s.max_examples:
+        keep = sorted(random.Random(cfg.seed).sample(range(len(train)), s.max_examples))
+        train = [train[i] for i in keep]
+        report["capped_to"] = s.max_examples
+    report["train_examples"] = len(train)
+    report["eval_examples"] = len(held_out)
+    report["guidance"] = guidance(len(train))
+    if len(train) < 10_000:
+        log.warning("sft: %s", report["guidance"])
+    else:
+        log.info("sft: %s", report["guidance"])
+    return train, held_out, report
+
+
+def _builtin(cfg: ForgeConfig, tokenizer: Any) -> tuple[list[Example], list[dict[str, Any]], dict[str, Any]]:
+    from finetune.qa_builtin import build_split
+
+    pretrain = cfg.data.split if BUILTIN_CORPUS in cfg.data.inputs else None
+    train_pairs, eval_pairs, report = build_split(cfg.sft.eval_fraction, pretrain, cfg.data.dedup, cfg.seed)
+    conversations = [to_messages(p, cfg.sft.system_prompt) for p in train_pairs]
+    lengths = rendered_lengths(tokenizer, conversations)
+    train, skipped = [], []
+    for pair, messages, n in zip(train_pairs, conversations, lengths, strict=True):
+        if n > cfg.sft.max_seq_length:
+            skipped.append({"object": pair["object"], "qtype": pair["qtype"], "reason": f"over-length: {n} tokens"})
+            continue
+        meta = {k: pair[k] for k in ("object", "kind", "qtype", "pretrain_split")}
+        train.append(Example(messages, None, meta))
+    report["skipped"] = len(skipped)  # every one over-length: generated pairs have no other problem
+    report["skipped_pairs"] = skipped
+    held_out = []
+    for pair in eval_pairs:
+        messages = to_messages(pair, cfg.sft.system_prompt)
+        held_out.append({**{k: pair[k] for k in ("question", "answer", "object", "kind", "qtype", "pretrain_split")},
+                         "messages": messages[:-1]})  # fmt: skip
+    return train, held_out, report
+
+
+def _from_file(cfg: ForgeConfig, tokenizer: Any) -> tuple[list[Example], list[dict[str, Any]], dict[str, Any]]:
+    s = cfg.sft
+    examples, report = read_jsonl(
+        Path(s.data), s.system_prompt, lambda m: rendered_lengths(tokenizer, [m])[0], s.max_seq_length
+    )
+    train, held = split_held_out(examples, s.eval_fraction, cfg.data.dedup, cfg.seed)
+    report.near_duplicates_removed = len(examples) - len(train) - len(held)
+    report.examples = len(train) + len(held)
+    held_out = []
+    for e in held:
+        question = next(m["content"] for m in reversed(e.messages) if m["role"] == "user")
+        held_out.append({"question": question, "answer": e.messages[-1]["content"], "line": e.line, **e.meta,
+                         "messages": e.messages[:-1]})  # fmt: skip
+    return train, held_out, report.to_dict()
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# model, trainer
+
+
+def resolve_precision(scfg: SFTConfig) -> str:
+    import torch
+
+    if scfg.precision != "auto":
+        return scfg.precision
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def load_model(base: Path, scfg: SFTConfig) -> tuple[Any, Any]:
+    """(model, peft LoraConfig or None) for the mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if scfg.mode == "qlora":
+        from peft import prepare_model_for_kbit_training
+        from transformers import BitsAndBytesConfig
+
+        quant = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )  # fmt: skip
+        device_map = {"": 0} if torch.cuda.is_available() else "cpu"
+        model = AutoModelForCausalLM.from_pretrained(base, quantization_config=quant, device_map=device_map)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=scfg.gradient_checkpointing)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if scfg.mode == "full":
+        return model, None
+    from peft import LoraConfig
+
+    lora = LoraConfig(
+        r=scfg.lora_r, lora_alpha=scfg.lora_alpha, lora_dropout=scfg.lora_dropout,
+        target_modules=scfg.lora_target_modules, bias="none", task_type="CAUSAL_LM",
+    )  # fmt: skip
+    return model, lora
+
+
+class StepLogger:
+    """A TrainerCallback (built lazily: transformers is slow to import) that keeps every log and sends it to MLflow."""
+
+    def __new__(cls, tracker: Any):
+        from transformers import TrainerCallback
+
+        class _Logger(TrainerCallback):
+            def __init__(self) -> None:
+                self.history: list[dict[str, Any]] = []
+
+            def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001 - TrainerCallback's API
+                numbers = {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))}
+                self.history.append({"step": state.global_step, **numbers})
+                if "loss" in numbers:
+                    log.info("sft: step %d/%d loss %.4f lr %.3g", state.global_step, state.max_steps,
+                             numbers["loss"], numbers.get("learning_rate", float("nan")))  # fmt: skip
+                if tracker is not None and numbers:
+                    tracker.log_metrics(numbers, step=state.global_step)
+
+        return _Logger()
+
+
+def build_trainer(
+    model: Any,
+    tokenizer: Any,
+    examples: list[Example],
+    cfg: ForgeConfig,
+    output_dir: Path,
+    peft_config: Any = None,
+    callbacks: list[Any] | None = None,
+) -> Any:
+    """TRL's SFTTrainer over the conversations, loss on the assistant replies + their EOS only."""
+    import torch
+    from datasets import Dataset
+    from transformers import PrinterCallback
+    from trl import SFTConfig as TRLConfig
+    from trl import SFTTrainer
+
+    s = cfg.sft
+    precision = resolve_precision(s)
+    args = TRLConfig(
+        output_dir=str(output_dir),
+        max_length=s.max_seq_length,
+        assistant_only_loss=True,  # labels -100 outside the {% generation %} spans (see the module doc)
+        packing=False,
+        per_device_train_batch_size=s.micro_batch_size,
+        gradient_accumulation_steps=s.grad_accum_steps,
+        learning_rate=s.lr,
+        num_train_epochs=s.epochs,
+        max_steps=s.max_steps,
+        lr_scheduler_type="cosine",
+        warmup_steps=s.warmup_ratio,  # transformers 5: a value below 1 is a ratio of the total steps
+        logging_steps=s.log_every,
+        logging_first_step=True,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",  # we log to MLflow ourselves (StepLogger), under the pipeline run
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        use_cpu=not torch.cuda.is_available(),
+        activation_checkpointing=s.gradient_checkpointing,  # transformers 5 name of gradient_checkpointing
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    train_tokenizer = _with_template(tokenizer, training_chat_template(tokenizer))
+    dataset = Dataset.from_list([{"messages": e.messages} for e in examples])
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=dataset, processing_class=train_tokenizer, peft_config=peft_config,
+        callbacks=callbacks,
+    )  # fmt: skip
+    trainer.remove_callback(PrinterCallback)  # logs go to MLflow and train_history.jsonl, not raw dicts on stdout
+    return trainer
+
+
+def _with_template(tokenizer: Any, template: str) -> Any:
+    import copy
+
+    clone = copy.deepcopy(tokenizer)  # the shipped tokenizer keeps its template; only the training copy is marked
+    clone.chat_template = template
+    return clone
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# export
+
+
+def merge_adapter(base: Path, adapter_dir: Path) -> Any:
+    """The base at its saved precision with the LoRA adapter merged into its weights."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+
+
+def copy_tokenizer_files(base: Path, out_dir: Path) -> list[str]:
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (base / name).is_file():
+            shutil.copy2(base / name, out_dir / name)
+            copied.append(name)
+    return copied
+
+
+def export(trainer: Any, base: Path, stage_dir: Path, mode: str) -> None:
+    if mode == "full":
+        model = trainer.model
+    else:
+        with atomic_path(stage_dir / "adapter") as tmp:
+            trainer.model.save_pretrained(tmp)
+        model = merge_adapter(base, stage_dir / "adapter")
+    with atomic_path(stage_dir / "model") as tmp:
+        model.save_pretrained(tmp)
+        copy_tokenizer_files(base, tmp)
+
+
+def sample_answers(model_dir: Path, held_out: list[dict[str, Any]], n: int = SAMPLE_QUESTIONS) -> list[dict[str, Any]]:
+    """Greedy answers of the exported model to the first held-out questions (does it answer in the chat format?)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = []
+    for record in held_out[:n]:
+        ids = tokenizer.apply_chat_template(record["messages"], add_generation_prompt=True, tokenize=False)
+        inputs = tokenizer(ids, add_special_tokens=False, return_tensors="pt")
+        with torch.no_grad():
+            generated = model.generate(
+                **inputs, max_new_tokens=SAMPLE_NEW_TOKENS, do_sample=False,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            )  # fmt: skip
+        new = generated[0, inputs["input_ids"].shape[1] :].tolist()
+        out.append({
+            "question": record["question"], "reference": record["answer"],
+            "answer": tokenizer.decode(new, skip_special_tokens=True),
+            "ended_with_eos": tokenizer.eos_token_id in new,
+        })  # fmt: skip
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the stage body
+
+
+def _sft(stage: Stage) -> dict[str, float]:
+    cfg, s = stage.cfg, stage.cfg.sft
+    base = base_model_dir(cfg)
+    start = time.time()
+
+    # ---- tokenizer, data
+    tokenizer = load_tokenizer(base)
+    train, held_out, report = load_data(cfg, tokenizer)
+    if not train:
+        raise ForgeError(f"sft: no training example left from {s.data} (see {stage.dir / 'data_report.json'})")
+    atomic_write_json(stage.dir / "data_report.json", report)
+    _write_jsonl(stage.dir / "qa_eval.jsonl", held_out)
+    _write_jsonl(stage.dir / "sft_train.jsonl", [{"messages": e.messages, **e.meta} for e in train])
+
+    # ---- model and trainer
+    model, peft_config = load_model(base, s)
+    logger = StepLogger(stage.tracker)
+    with tempfile.TemporaryDirectory(dir=stage.dir, prefix=".trainer-") as workdir:
+        trainer = build_trainer(model, tokenizer, train, cfg, Path(workdir), peft_config, [logger])
+        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in trainer.model.parameters())
+        log.info("sft: %s mode, %d examples, %s of %s parameters trainable", s.mode, len(train), f"{trainable:,}",
+                 f"{total:,}")  # fmt: skip
+        result = trainer.train()
+        # ---- export
+        export(trainer, base, stage.dir, s.mode)
+    _write_jsonl(stage.dir / "train_history.jsonl", logger.history)
+    samples = sample_answers(stage.dir / "model", held_out)
+    atomic_write_json(stage.dir / "samples.json", samples)
+
+    losses = [h["loss"] for h in logger.history if "loss" in h]
+    return {
+        "train_examples": len(train),
+        "eval_examples": len(held_out),
+        "skipped": report["skipped"],
+        "near_duplicates_removed": report.get("near_duplicates_removed", 0),
+        "steps": result.global_step,
+        "train_loss": result.training_loss,
+        "first_loss": losses[0] if losses else float("nan"),
+        "last_loss": losses[-1] if losses else float("nan"),
+        "trainable_parameters": trainable,
+        "total_parameters": total,
+        "samples_ended_with_eos": sum(x["ended_with_eos"] for x in samples),
+        "seconds": round(time.time() - start, 3),
+    }

@@ -1,0 +1,94 @@
+"""The embedded Q&A set: answers from docstrings, a split by object that keeps held-out objects out of SFT (and out
+of pretraining when the data stage held their documents out), decontaminated, deterministic."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from finetune.qa_builtin import build_split, generate_pairs, held_out, summary_and_details
+from forge.config import ForgeConfig
+from pretrain.data.pipeline import split_of
+
+
+def record(name: str, kind: str, text: str) -> dict:
+    return {"id": f"python-stdlib:{name}", "text": text, "source": name.split(".")[0],
+            "meta": {"object": name, "kind": kind}}  # fmt: skip
+
+
+RECORDS = [
+    record("shapes", "module", "Geometric shapes and their areas.\n\nEverything here is pure Python."),
+    record("shapes.Circle", "class", "A circle of a given radius.\n\nRadius must be positive."),
+    record("shapes.Circle.area", "function", "area(self) -> float\n\nReturn the area of the circle in square units."),
+    record(
+        "shapes.Circle.grow",
+        "function",
+        "Grow the circle by a factor.\n\nExample:\n\n    >>> c.grow(2)\n\nThe radius is multiplied in place by it.",
+    ),  # fmt: skip
+    record("shapes._private", "function", "Internal helper that nobody should call directly."),
+    record("shapes.tiny", "function", "Do it."),
+    record("shapes.long", "function", "A " + "very " * 200 + "long sentence."),
+]
+
+
+def test_answers_come_from_the_docstring_prose():
+    assert summary_and_details(RECORDS[2]["text"]) == ("Return the area of the circle in square units.", None)
+    summary, details = summary_and_details(RECORDS[3]["text"])
+    assert summary == "Grow the circle by a factor." and details == "The radius is multiplied in place by it."
+    assert summary_and_details("Title\n=====\n\nThe body of the topic, in prose here.")[0] == (
+        "The body of the topic, in prose here."
+    )
+    pairs = generate_pairs(RECORDS)
+    by_object = {(p["object"], p["qtype"]): p for p in pairs}
+    assert ("shapes._private", "describe") not in by_object  # private: skipped
+    assert ("shapes.tiny", "describe") not in by_object  # too short to teach anything
+    assert ("shapes.long", "describe") not in by_object  # first sentence longer than an answer may be
+    assert by_object[("shapes.Circle", "describe")]["answer"] == "A circle of a given radius."
+    assert "`shapes.Circle`" in by_object[("shapes.Circle", "describe")]["question"]
+    assert by_object[("shapes.Circle", "members")]["answer"] == (
+        "The class `shapes.Circle` has these documented methods: `area`, `grow`."
+    )
+    assert generate_pairs(RECORDS) == pairs  # deterministic, wording included
+
+
+def test_split_is_by_object_and_follows_the_data_stage():
+    ratios = {"train": 0.5, "val": 0.25, "test": 0.25}
+    pair = {"object": "shapes.Circle", "doc_id": "python-stdlib:shapes.Circle"}
+    pair["pretrain_split"] = split_of(pair["doc_id"], ratios)
+    assert held_out(pair, 0.0, ratios) == (pair["pretrain_split"] != "train")
+    assert held_out(pair, 0.999999, None) and not held_out(pair, 0.0, None)
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    cfg = ForgeConfig()
+    return cfg, *build_split(0.05, cfg.data.split, cfg.data.dedup, cfg.seed)
+
+
+def test_builtin_set_is_disjoint_by_object_and_decontaminated(builtin):
+    cfg, train, held, report = builtin
+    train_objects = {p["object"] for p in train}
+    held_objects = {p["object"] for p in held}
+    assert train_objects.isdisjoint(held_objects)
+    # every object the data stage kept out of pretraining is held out, never trained on
+    assert all(p["pretrain_split"] == "train" for p in train)
+    assert {p["pretrain_split"] for p in held} == {"train", "val", "test"}
+    # no train answer equals a held-out one (near-duplicates are checked by MinHash in build_split)
+    assert {p["answer"] for p in train}.isdisjoint(p["answer"] for p in held)
+    # enough held-out pairs for forge eval's default 200 examples, and the counts add up
+    assert len(held) >= cfg.eval.qa_max_examples and len(train) > 3000
+    assert report["train_pairs"] == len(train) and report["eval_pairs"] == len(held)
+    assert report["generated_pairs"] == len(train) + len(held) + report["near_duplicates_removed"]
+    assert {p["qtype"] for p in held} == {"describe", "details", "members"}
+    assert all(p["answer"].strip() and p["question"].endswith(("?", ".")) for p in itertools.islice(train, 500))
+
+
+def test_builtin_split_ignores_pretraining_when_the_corpus_was_not_used(builtin):
+    cfg, train, held, _ = builtin
+    from pretrain.data.stdlib_corpus import iter_stdlib_records
+
+    records = list(itertools.islice(iter_stdlib_records(), 600))
+    train2, held2, _ = build_split(0.05, None, cfg.data.dedup, cfg.seed, records)
+    assert all(p["pretrain_split"] is None for p in train2 + held2)
+    assert {p["object"] for p in held2} <= {p["object"] for p in held}  # same object hash on both paths

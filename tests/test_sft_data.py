@@ -1,0 +1,138 @@
+"""SFT data validation: every bad line skipped and reported with its line number, all-bad files are one clear error,
+near-duplicates removed, the count reported against the 10k-100k guidance."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from finetune.sft_data import (
+    Example,
+    guidance,
+    read_jsonl,
+    remove_near_duplicates,
+    split_held_out,
+    to_messages,
+)
+from forge import ForgeError
+from forge.config import DedupConfig
+
+GOOD_QA = {"question": "What does `os.getcwd` do?", "answer": "Return a string representing the current directory."}
+GOOD_CHAT = {
+    "messages": [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What is `math.pi`?"},
+        {"role": "assistant", "content": "The ratio of a circle's circumference to its diameter."},
+        {"role": "user", "content": "And `math.e`?"},
+        {"role": "assistant", "content": "Euler's number."},
+    ]
+}
+
+
+def write_lines(path, lines):
+    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_bad_lines_are_skipped_and_reported_with_line_numbers(tmp_path):
+    lines = [
+        GOOD_QA,  # 1
+        '{"question": "unterminated',  # 2 invalid JSON
+        {"question": "Where is the answer?"},  # 3 missing field
+        {"question": "Empty?", "answer": "   "},  # 4 empty answer
+        "",  # 5 blank: not a record, not an error
+        {"question": "Long?", "answer": "x " * 400},  # 6 over-length
+        GOOD_CHAT,  # 7
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "again"}]},  # 8 role order
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]},  # 9 empty answer
+        {"messages": [{"role": "robot", "content": "beep"}]},  # 10 unknown role
+        [1, 2, 3],  # 11 not an object
+        {"text": "a pretraining document"},  # 12 neither format
+        {"question": 3, "answer": "three"},  # 13 wrong type
+        {"messages": [{"role": "user", "content": "hi"}]},  # 14 no reply
+    ]
+    examples, report = read_jsonl(write_lines(tmp_path / "d.jsonl", lines), max_length=300)
+    assert [e.line for e in examples] == [1, 7]
+    reasons = {s["line"]: s["reason"] for s in report.skipped}
+    assert sorted(reasons) == [2, 3, 4, 6, 8, 9, 10, 11, 12, 13, 14]
+    assert "invalid JSON" in reasons[2]
+    assert "missing field 'answer'" in reasons[3]
+    assert reasons[4] == "empty answer" and reasons[9] == "empty answer"
+    assert reasons[6].startswith("over-length: 8") and "max_seq_length=300" in reasons[6]
+    assert "alternating" in reasons[8] and "robot" in reasons[10] and "JSON object" in reasons[11]
+    assert "end on an assistant" in reasons[14]
+    assert report.lines == 13 and report.valid == 2
+    assert report.to_dict()["skipped"] == 11
+    assert "line 2: invalid JSON" in report.skipped_summary()
+
+
+def test_length_is_measured_by_the_given_function(tmp_path):
+    path = write_lines(tmp_path / "d.jsonl", [GOOD_QA, GOOD_CHAT])
+    examples, report = read_jsonl(path, length=lambda messages: 10 * len(messages), max_length=30)
+    assert [e.line for e in examples] == [1] and report.skipped[0]["reason"].startswith("over-length: 50 tokens")
+
+
+def test_all_bad_file_is_one_error_naming_the_file(tmp_path):
+    path = write_lines(tmp_path / "broken.jsonl", ["nope", {"question": "q"}])
+    with pytest.raises(ForgeError, match=r"broken\.jsonl: no valid example in 2 line\(s\) \(line 1: invalid JSON"):
+        read_jsonl(path)
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(ForgeError, match="empty.jsonl: no valid example in 0 line.*the file is empty"):
+        read_jsonl(tmp_path / "empty.jsonl")
+    with pytest.raises(ForgeError, match="file not found"):
+        read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_formats_and_system_prompt():
+    assert to_messages(GOOD_QA, "Be brief.") == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": GOOD_QA["question"]},
+        {"role": "assistant", "content": GOOD_QA["answer"]},
+    ]
+    assert to_messages(GOOD_CHAT, "ignored: the conversation has its own")[0]["content"] == "Answer briefly."
+
+
+def test_near_duplicates_are_removed_and_distinct_pairs_kept():
+    base = "Return a new list containing all items from the iterable in ascending order, stable and with a key."
+    examples = [
+        Example(to_messages({"question": "What does `sorted` do?", "answer": base})),
+        Example(to_messages({"question": "What does `sorted` do?", "answer": base.replace("new", "fresh")})),
+        Example(to_messages({"question": "What does `sorted` do?", "answer": base.upper()})),  # case only
+        Example(
+            to_messages({"question": "What does `len` do?", "answer": "Return the number of items in a container."})
+        ),
+    ]
+    from finetune.sft_data import DataReport
+
+    report = DataReport(source="x", examples=4)
+    kept = remove_near_duplicates(examples, DedupConfig(), seed=1, report=report)
+    assert [e.messages[1]["content"] for e in kept] == [base, "Return the number of items in a container."]
+    assert report.near_duplicates_removed == 2 and report.examples == 2
+
+
+def test_held_out_split_is_stable_and_decontaminated():
+    import random
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(8)) for _ in range(400)]
+    examples = [
+        Example(
+            to_messages({"question": f"What does {words[2 * i]} do?", "answer": f"It computes {words[2 * i + 1]}."})
+        )
+        for i in range(200)
+    ]
+    train, held = split_held_out(examples, 0.2, DedupConfig(), seed=1)
+    train2, held2 = split_held_out(list(reversed(examples)), 0.2, DedupConfig(), seed=1)
+    questions = {e.messages[0]["content"] for e in held}
+    assert 20 <= len(held) <= 60 and questions == {e.messages[0]["content"] for e in held2}
+    assert questions.isdisjoint(e.messages[0]["content"] for e in train)
+    assert len(train) + len(held) == 200 and len(train2) == len(train)
+    # a train example that asks differently but gives a held-out answer is dropped (decontamination)
+    leak = Example(to_messages({"question": "Tell me, what is computed?", "answer": held[0].messages[1]["content"]}))
+    train3, held3 = split_held_out([*examples, leak], 0.2, DedupConfig(), seed=1)
+    assert len(held3) == len(held) and len(train3) == len(train)
+
+
+def test_guidance_against_the_seeds_range():
+    assert "below" in guidance(500) and "within" in guidance(10_000) and "above" in guidance(250_000)
