@@ -170,7 +170,8 @@ class Stage:
     inputs: Mapping[str, Path | str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     tracker: Any = field(default=None, repr=False, compare=False)  # the StageTracker while the body runs
-    # Sub-directories not uploaded to MLflow (token shards, checkpoints): they stay on disk, hashed in the manifest.
+    # Globs of outputs not uploaded to MLflow (token shards, checkpoints, GGUFs): they stay on disk, hashed in the
+    # manifest; the registry uploads the model a version needs.
     artifact_exclude: tuple[str, ...] = ()
 
     @property

@@ -9,6 +9,7 @@ over the same files). We talk to MLflow through `MlflowClient` with explicit run
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import math
 import os
@@ -97,14 +98,15 @@ class StageTracker:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def log_artifacts(self, directory: Path, exclude: tuple[str, ...] = ()) -> None:
-        """Upload a stage directory's small files (reports, plots, configs); big ones and `exclude`d
-        sub-directories stay on disk."""
+        """Upload a stage directory's small files (reports, plots, configs); big ones and those matching an
+        `exclude` glob (relative path, e.g. "shards/*", "*.gguf") stay on disk."""
         directory = Path(directory)
         for file in sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.startswith(".")):
-            sub = file.parent.relative_to(directory).as_posix()
-            if sub.split("/")[0] in exclude:
+            relative = file.relative_to(directory).as_posix()
+            if any(fnmatch.fnmatch(relative, pattern) for pattern in exclude):
                 continue
             if file.stat().st_size <= MAX_ARTIFACT_BYTES:
+                sub = file.parent.relative_to(directory).as_posix()
                 self.log_artifact(file, None if sub == "." else sub)
 
 

@@ -446,7 +446,7 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
         cfg=cfg,
         sections=("tokenizer",),
         inputs={split: shard_listing(files) for split, files in shards.items()},
-        artifact_exclude=("shards",),
+        artifact_exclude=("shards/*",),
     )
     return run_stage(stage, lambda s: _build(s, shards), force=force)
 

@@ -1,0 +1,352 @@
+"""A Hugging Face model directory (llama or gpt2, our byte-level BPE tokenizer) -> one f16 GGUF file for llama.cpp,
+and the guard that refuses a corrupted or truncated GGUF before llama.cpp touches it.
+
+    info = export_gguf("runs/tiny-cpu/pretrain/model", "model-f16.gguf")     # from a saved directory
+    write_gguf(model.state_dict(), model.config, tokenizer_dir, out_path)    # from a model in memory
+    check_gguf("model-q4_k_m.gguf")                                          # ForgeError unless it is whole
+
+Written with the PyPI `gguf` library alone (GGUFWriter + TensorNameMap): no llama.cpp source checkout, no network,
+no sentencepiece. llama.cpp's own converter cannot take our tokenizer (it recognises a pre-tokenizer by hashing
+the tokenization of a fixed string, which a tokenizer trained by us never matches), so the vocabulary is written
+here directly:
+  tokenizer.ggml.model = "gpt2", tokenizer.ggml.pre = "gpt-2"   byte-level BPE with the GPT-2 split regex, which is
+                                                                what `pre_tokenizers.ByteLevel(use_regex=True)` uses
+  tokens, merges, token types   special tokens are CONTROL, other added tokens USER_DEFINED, ids the model has but
+                                the tokenizer lacks (a padded vocabulary) UNUSED
+  bos/eos/unk/pad ids, add_bos_token / add_eos_token   as in tokenizer_config.json (ours: false, so llama.cpp adds
+                                no BOS the model never saw in training)
+  tokenizer.chat_template       the tokenizer's chat template: llama-cpp-python otherwise silently falls back to
+                                the llama-2 prompt format
+
+Tensors: 2-D weights in f16 (or f32), 1-D norms and biases in f32, as llama.cpp's converter writes them. Llama's
+q/k projections are permuted from the HF rotary layout (halves) to llama.cpp's (interleaved pairs); GPT-2's
+Conv1D weights (stored input x output) are transposed to the Linear layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from forge import ForgeError
+from forge.lineage import atomic_path
+
+ARCHITECTURES = ("llama", "gpt2")
+GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast")  # llama.cpp's gpt2 graph: tanh GELU
+GPT2_CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
+SKIPPED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")  # buffers, not weights
+HEADER_BYTES = 24  # magic, version, tensor count, metadata count
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# reading a model directory
+
+
+def load_state_dict(model_dir: Path) -> dict[str, Any]:
+    """Every tensor of a saved model directory (model.safetensors or its shards) as torch tensors."""
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    single = model_dir / "model.safetensors"
+    index = model_dir / "model.safetensors.index.json"
+    if single.is_file():
+        return load_file(single)
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        tensors: dict[str, Any] = {}
+        for name in files:
+            tensors.update(load_file(model_dir / name))
+        return tensors
+    raise ForgeError(
+        f"{model_dir} has no model.safetensors (or model.safetensors.index.json): not a saved model directory; "
+        "export one with forge pretrain or forge sft"
+    )
+
+
+def read_tokenizer(tokenizer_dir: Path) -> dict[str, Any]:
+    """tokenizer.json, tokenizer_config.json and the chat template of a transformers tokenizer directory."""
+    tokenizer_dir = Path(tokenizer_dir)
+    path = tokenizer_dir / "tokenizer.json"
+    if not path.is_file():
+        raise ForgeError(f"{path} not found: the model directory must hold the tokenizer files (forge tokenizer)")
+    tok = json.loads(path.read_text(encoding="utf-8"))
+    model = tok.get("model", {})
+    if model.get("type") != "BPE":
+        raise ForgeError(f"{path}: tokenizer model {model.get('type')!r} is not BPE; only byte-level BPE is exported")
+    pre = json.dumps(tok.get("pre_tokenizer"))
+    if '"ByteLevel"' not in pre or '"use_regex": true' not in pre:
+        raise ForgeError(
+            f"{path}: the pre-tokenizer is not ByteLevel(use_regex=True) ({pre[:120]}); llama.cpp's 'gpt-2' "
+            "pre-tokenizer would split text differently from this tokenizer"
+        )
+    config_path = tokenizer_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    template_path = tokenizer_dir / "chat_template.jinja"
+    template = template_path.read_text(encoding="utf-8") if template_path.is_file() else config.get("chat_template")
+    return {"json": tok, "config": config, "chat_template": template}
+
+
+def vocabulary(tok: dict[str, Any], n_vocab: int) -> tuple[list[str], list[int], list[str], dict[str, int]]:
+    """(tokens, token types, merges, token -> id) for a model with `n_vocab` embedding rows."""
+    import gguf
+
+    vocab: dict[str, int] = dict(tok["model"]["vocab"])
+    added = {t["content"]: t for t in tok.get("added_tokens", [])}
+    for content, t in added.items():
+        vocab[content] = t["id"]
+    if max(vocab.values()) >= n_vocab:
+        raise ForgeError(
+            f"the tokenizer has ids up to {max(vocab.values())} but the model only {n_vocab} embedding rows: the "
+            "model was built for another tokenizer"
+        )
+    tokens = [f"[UNUSED_{i}]" for i in range(n_vocab)]
+    types = [int(gguf.TokenType.UNUSED)] * n_vocab
+    for content, i in vocab.items():
+        tokens[i] = content
+        if content in added:
+            special = added[content].get("special", False)
+            types[i] = int(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)
+        else:
+            types[i] = int(gguf.TokenType.NORMAL)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"].get("merges", [])]
+    return tokens, types, merges, vocab
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# writing
+
+
+def _rope_theta(config: Any) -> float:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise ForgeError(f"rope_type={rope_type!r} is not exported (only plain rotary positions)")
+    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
+    return float(theta if theta is not None else 10_000.0)
+
+
+def _permute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
+    """HF rotary layout (first half / second half of each head) -> llama.cpp's (interleaved pairs)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _hparams(writer: Any, config: Any, arch: str) -> None:
+    writer.add_vocab_size(config.vocab_size)
+    if arch == "llama":
+        if config.hidden_act != "silu":
+            raise ForgeError(f"llama with hidden_act={config.hidden_act!r}: llama.cpp's llama graph is SwiGLU (silu)")
+        if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+            raise ForgeError("llama with biases (attention_bias / mlp_bias) is not exported")
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        writer.add_context_length(config.max_position_embeddings)
+        writer.add_embedding_length(config.hidden_size)
+        writer.add_block_count(config.num_hidden_layers)
+        writer.add_feed_forward_length(config.intermediate_size)
+        writer.add_head_count(config.num_attention_heads)
+        writer.add_head_count_kv(config.num_key_value_heads or config.num_attention_heads)
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_rope_freq_base(_rope_theta(config))
+        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    else:
+        if config.activation_function not in GPT2_ACTIVATIONS:
+            raise ForgeError(
+                f"gpt2 with activation {config.activation_function!r} (model.activation): llama.cpp's gpt2 graph "
+                "uses GELU; build the model with model.activation: gelu_new"
+            )
+        writer.add_context_length(config.n_positions)
+        writer.add_embedding_length(config.n_embd)
+        writer.add_block_count(config.n_layer)
+        writer.add_feed_forward_length(config.n_inner or 4 * config.n_embd)
+        writer.add_head_count(config.n_head)
+        writer.add_layer_norm_eps(config.layer_norm_epsilon)
+
+
+def write_gguf(
+    state_dict: Mapping[str, Any],
+    config: Any,
+    tokenizer_dir: Path,
+    out_path: Path,
+    outtype: str = "f16",
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Write a GGUF of a llama or gpt2 model (`state_dict` of torch tensors, its transformers `config`).
+
+    The file appears atomically under `out_path`. Returns a summary (architecture, tensors, parameters, bytes).
+    """
+    import gguf
+
+    if outtype not in ("f16", "f32"):
+        raise ForgeError(f"outtype={outtype!r}: the export writes f16 or f32; quantize from the f16 file")
+    arch = config.model_type
+    if arch not in ARCHITECTURES:
+        raise ForgeError(f"model_type={arch!r} is not exported; supported: {', '.join(ARCHITECTURES)}")
+    tok = read_tokenizer(tokenizer_dir)
+    tokens, types, merges, vocab = vocabulary(tok["json"], config.vocab_size)
+    tok_config = tok["config"]
+
+    def special_id(key: str, fallback: int | None) -> int | None:
+        value = tok_config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        return vocab.get(value, fallback) if isinstance(value, str) else fallback
+
+    gguf_arch = {"llama": gguf.MODEL_ARCH.LLAMA, "gpt2": gguf.MODEL_ARCH.GPT2}[arch]
+    n_layers = config.num_hidden_layers if arch == "llama" else config.n_layer
+    names = gguf.get_tensor_name_map(gguf_arch, n_layers)
+    tied = bool(getattr(config, "tie_word_embeddings", True))
+    n_head = config.num_attention_heads if arch == "llama" else config.n_head
+    n_kv_head = (getattr(config, "num_key_value_heads", None) or n_head) if arch == "llama" else n_head
+
+    out_path = Path(out_path)
+    params = 0
+    n_tensors = 0
+    with atomic_path(out_path) as tmp:
+        writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf_arch])
+        writer.add_name(name or out_path.stem)
+        _hparams(writer, config, arch)
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if outtype == "f16" else gguf.LlamaFileType.ALL_F32)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("gpt-2")
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(merges)
+        for key, add, fallback in (
+            ("bos_token", writer.add_bos_token_id, getattr(config, "bos_token_id", None)),
+            ("eos_token", writer.add_eos_token_id, getattr(config, "eos_token_id", None)),
+            ("unk_token", writer.add_unk_token_id, None),
+            ("pad_token", writer.add_pad_token_id, getattr(config, "pad_token_id", None)),
+        ):
+            token_id = special_id(key, fallback)
+            if token_id is not None:
+                add(int(token_id))
+        writer.add_add_bos_token(bool(tok_config.get("add_bos_token", False)))
+        writer.add_add_eos_token(bool(tok_config.get("add_eos_token", False)))
+        if tok["chat_template"]:
+            writer.add_chat_template(tok["chat_template"])
+
+        for hf_name in sorted(state_dict):
+            if hf_name.endswith(SKIPPED_SUFFIXES):
+                continue
+            if hf_name == "lm_head.weight" and tied:
+                continue  # llama.cpp reuses token_embd as the output layer when output.weight is absent
+            new_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            if new_name is None:
+                raise ForgeError(f"tensor {hf_name!r} has no GGUF name for {arch}: not exported")
+            data = state_dict[hf_name].detach().to("cpu").float().numpy()
+            if arch == "llama" and hf_name.endswith("self_attn.q_proj.weight"):
+                data = _permute_rotary(data, n_head)
+            elif arch == "llama" and hf_name.endswith("self_attn.k_proj.weight"):
+                data = _permute_rotary(data, n_kv_head)
+            elif arch == "gpt2" and hf_name.endswith(GPT2_CONV1D):
+                data = data.T
+            data = np.ascontiguousarray(data, dtype=np.float16 if outtype == "f16" and data.ndim > 1 else np.float32)
+            writer.add_tensor(new_name, data)
+            params += data.size
+            n_tensors += 1
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    return {
+        "path": str(out_path),
+        "architecture": arch,
+        "outtype": outtype,
+        "tensors": n_tensors,
+        "parameters": params,
+        "vocab_size": config.vocab_size,
+        "tokenizer_tokens": len(vocab),
+        "size_bytes": out_path.stat().st_size,
+    }
+
+
+def export_gguf(model_dir: Path, out_path: Path, outtype: str = "f16", name: str | None = None) -> dict[str, Any]:
+    """A saved HF model directory (weights + config + tokenizer files) -> a GGUF file."""
+    from transformers import AutoConfig
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise ForgeError(f"{model_dir}/config.json not found: not a saved model directory")
+    config = AutoConfig.from_pretrained(model_dir)
+    return write_gguf(load_state_dict(model_dir), config, model_dir, out_path, outtype=outtype, name=name)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the guard
+
+
+def check_gguf(path: Path) -> dict[str, Any]:
+    """Refuse (ForgeError) a file that is missing, not GGUF, corrupted or truncated; else return its summary.
+
+    Parses the header, metadata and tensor table with gguf.GGUFReader and checks that every tensor's data lies
+    inside the file, so llama.cpp never reads a damaged file (it may abort the process instead of raising).
+    """
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise ForgeError(f"GGUF file {path} not found")
+    size = path.stat().st_size
+    refuse = f"refusing GGUF file {path} ({size:,} bytes)"
+    fix = "re-create it (forge quantize --force)"
+    with open(path, "rb") as fh:
+        head = fh.read(HEADER_BYTES)
+    if len(head) < HEADER_BYTES:
+        raise ForgeError(f"{refuse}: truncated, shorter than the {HEADER_BYTES}-byte GGUF header; {fix}")
+    if head[:4] != b"GGUF":
+        raise ForgeError(f"{refuse}: not a GGUF file (magic {head[:4]!r}, expected b'GGUF'): corrupted; {fix}")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in (2, 3):
+        raise ForgeError(f"{refuse}: GGUF version {version} (expected 2 or 3): corrupted header; {fix}")
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as exc:  # any parse failure of a damaged file: numpy, enum, unicode, memory errors
+        raise ForgeError(
+            f"{refuse}: corrupted or truncated, its metadata or tensor table does not parse "
+            f"({type(exc).__name__}: {exc}); {fix}"
+        ) from None
+    end = 0
+    for tensor in reader.tensors:
+        tensor_end = int(tensor.data_offset) + int(tensor.n_bytes)
+        if tensor_end > size:
+            raise ForgeError(
+                f"{refuse}: truncated, tensor {tensor.name} needs bytes up to {tensor_end:,} "
+                f"({tensor_end - size:,} missing); {fix}"
+            )
+        end = max(end, tensor_end)
+    arch_field = reader.get_field("general.architecture")
+    if arch_field is None:
+        raise ForgeError(f"{refuse}: no general.architecture in its metadata: corrupted; {fix}")
+    types: dict[str, int] = {}
+    for tensor in reader.tensors:
+        types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
+    return {
+        "path": str(path),
+        "size_bytes": size,
+        "version": version,
+        "architecture": arch_field.contents(),
+        "tensors": len(reader.tensors),
+        "tensor_types": dict(sorted(types.items())),
+        "parameters": int(sum(int(t.n_elements) for t in reader.tensors)),
+    }
+
+
+def gguf_metadata(path: Path, *keys: str) -> dict[str, Any]:
+    """Selected metadata values of a GGUF file (None for an absent key)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path, "r")
+    out = {}
+    for key in keys:
+        field = reader.get_field(key)
+        out[key] = None if field is None else field.contents()
+    return out
+
+
+def file_size_mb(path: Path) -> float:
+    return round(os.path.getsize(path) / 1e6, 3)
