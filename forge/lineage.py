@@ -215,6 +215,47 @@ def read_manifest(stage_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def completed_manifest(stage_dir: Path) -> dict[str, Any] | None:
+    """The stage's manifest if the stage completed, else None (never run, running, killed or failed)."""
+    manifest = read_manifest(stage_dir)
+    return manifest if manifest and manifest.get("status") == "complete" else None
+
+
+def require_completed(cfg: ForgeConfig, stage: str) -> Path:
+    """The directory of a completed stage of this run, or a ForgeError saying which command to run first."""
+    stage_dir = run_dir(cfg) / stage
+    if completed_manifest(stage_dir) is None:
+        manifest = read_manifest(stage_dir)
+        state = "has not run" if manifest is None else f"is {manifest.get('status')!r}"
+        raise ForgeError(
+            f"the {stage} stage of run {cfg.run_name!r} {state} ({stage_dir}); run `forge {stage}` with the same "
+            "--config first"
+        )
+    return stage_dir
+
+
+MODEL_STAGES = ("sft", "pretrain")  # the stages that export a Hugging Face model directory, newest first
+
+
+def candidate_model(cfg: ForgeConfig, target: str = "auto") -> tuple[str, Path]:
+    """(stage, model dir) a later stage works on: the SFT model when SFT completed, else the pretrained one.
+
+    `target` "auto" takes the newest completed of MODEL_STAGES; "sft" or "pretrain" asks for that one.
+    """
+    if target not in ("auto", *MODEL_STAGES):
+        raise ForgeError(f"target={target!r}: use auto, {' or '.join(MODEL_STAGES)}")
+    order = MODEL_STAGES if target == "auto" else (target,)
+    for stage in order:
+        model = run_dir(cfg) / stage / "model"
+        if completed_manifest(model.parent) and (model / "config.json").is_file():
+            return stage, model
+    wanted = " nor ".join(str(run_dir(cfg) / stage / "model") for stage in order)
+    raise ForgeError(
+        f"no model: neither {wanted} exists with a complete manifest; run `forge {order[-1]}` with the same "
+        "--config first" + (" (then optionally forge sft)" if target == "auto" else "")
+    )
+
+
 def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], force: bool = False) -> dict[str, Any]:
     """Run `body(stage)` unless the stage is up to date; record the manifest and track it in MLflow.
 

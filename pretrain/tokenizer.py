@@ -43,7 +43,7 @@ from forge.lineage import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
-    run_dir,
+    require_completed,
     run_stage,
     sha256_file,
 )
@@ -115,20 +115,7 @@ def check_config(tcfg: TokenizerConfig) -> None:
 
 def data_shards(cfg: ForgeConfig) -> dict[str, list[Path]]:
     """The data stage's parquet shards per split, after checking that the data stage completed."""
-    data_dir = run_dir(cfg) / "data"
-    manifest_path = data_dir / "manifest.json"
-    status = None
-    if manifest_path.is_file():
-        try:
-            status = json.loads(manifest_path.read_text(encoding="utf-8")).get("status")
-        except json.JSONDecodeError:
-            status = "unreadable"
-    if status != "complete":
-        state = "has not run" if status is None else f"is {status!r}"
-        raise ForgeError(
-            f"the data stage of run {cfg.run_name!r} {state} ({manifest_path}); run `forge data` with the same "
-            "--config first"
-        )
+    data_dir = require_completed(cfg, "data")
     shards = {split: sorted(data_dir.glob(f"{split}-*.parquet")) for split in SPLITS}
     missing = [split for split, files in shards.items() if not files]
     if missing:

@@ -39,12 +39,18 @@ import numpy as np
 
 from forge import ForgeError
 from forge.config import ForgeConfig
-from forge.lineage import Stage, atomic_write_json, atomic_write_text, read_manifest, run_dir, run_stage
+from forge.lineage import (
+    Stage,
+    atomic_write_json,
+    atomic_write_text,
+    candidate_model,
+    run_dir,
+    run_stage,
+)
 from serve.gguf_export import check_gguf, export_gguf
 
 log = logging.getLogger("forge.quantize")
 
-TARGETS = ("auto", "sft", "pretrain")
 PROMPT_TOKENS = 32  # tokens of each test document that prompt the greedy generations
 SPEED_PROMPT_TOKENS = 256  # prompt length for the prompt-processing tokens/s (capped by the context)
 K_QUANT_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -120,29 +126,9 @@ def k_quant_fallback(type_name: str, tensor_types: dict[str, int]) -> str | None
 # inputs
 
 
-def _complete(stage_dir: Path) -> bool:
-    manifest = read_manifest(stage_dir)
-    return manifest is not None and manifest.get("status") == "complete"
-
-
 def resolve_model_dir(cfg: ForgeConfig, target: str = "auto") -> Path:
     """runs/<run>/sft/model when SFT completed (target auto or sft), else runs/<run>/pretrain/model."""
-    if target not in TARGETS:
-        raise ForgeError(f"quantize target={target!r}: use one of {', '.join(TARGETS)}")
-    run = run_dir(cfg)
-    candidates = {"sft": run / "sft", "pretrain": run / "pretrain"}
-    order = ["sft", "pretrain"] if target == "auto" else [target]
-    for name in order:
-        model_dir = candidates[name] / "model"
-        if _complete(candidates[name]) and (model_dir / "config.json").is_file():
-            return model_dir
-    looked = " nor ".join(f"{candidates[n] / 'model'}" for n in order)
-    commands = {"sft": "forge sft", "pretrain": "forge pretrain"}
-    needed = " (then optionally forge sft)" if target == "auto" else ""
-    raise ForgeError(
-        f"no model to quantize: neither {looked} exists with a complete manifest; run "
-        f"`{commands[order[-1]]} --config <your config>`{needed} first"
-    )
+    return candidate_model(cfg, target)[1]
 
 
 def eval_token_ids(cfg: ForgeConfig) -> tuple[np.ndarray, np.ndarray]:

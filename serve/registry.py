@@ -43,8 +43,9 @@ from forge.config import ForgeConfig
 from forge.lineage import (
     Stage,
     atomic_write_json,
+    candidate_model,
+    completed_manifest,
     git_commit,
-    read_manifest,
     run_dir,
     run_stage,
     runs_root,
@@ -80,20 +81,8 @@ class Sources:
 def candidate_sources(cfg: ForgeConfig) -> Sources:
     """The run's SFT model when its stage completed, else the pretrained one, with the matching eval directory."""
     run = run_dir(cfg)
-    for target in ("sft", "pretrain"):
-        manifest = read_manifest(run / target)
-        model = run / target / "model"
-        if manifest and manifest.get("status") == "complete" and (model / "config.json").is_file():
-            return Sources(target, model, run / f"eval-{target}", run / "quantize", run / "tokenizer")
-    raise ForgeError(
-        f"nothing to register: no complete sft or pretrain model under {run}/; run `forge pretrain` (and `forge sft`, "
-        "`forge eval`, `forge quantize`) with the same --config first"
-    )
-
-
-def _complete(stage_dir: Path) -> dict[str, Any] | None:
-    manifest = read_manifest(stage_dir)
-    return manifest if manifest and manifest.get("status") == "complete" else None
+    target, model = candidate_model(cfg)
+    return Sources(target, model, run / f"eval-{target}", run / "quantize", run / "tokenizer")
 
 
 def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
@@ -116,7 +105,7 @@ def lineage(cfg: ForgeConfig, src: Sources) -> dict[str, Any]:
     run = run_dir(cfg)
     stages = {}
     for name in ("data", "tokenizer", "pretrain", "sft", src.eval_dir.name, "quantize"):
-        manifest = _complete(run / name)
+        manifest = completed_manifest(run / name)
         if manifest:
             stages[name] = {k: manifest.get(k) for k in ("config_hash", "git_commit", "inputs", "finished_at")}
             outputs = manifest.get("outputs") or {}
@@ -145,7 +134,7 @@ def _register(stage: Stage, src: Sources) -> dict[str, float]:
             "forge.sha256.model": lin["model_sha256"], "forge.sha256.lineage": sha256_file(stage.dir / "lineage.json"),
             "forge.gate.decision": "pending"}  # fmt: skip
     client.log_artifacts(run_id, str(src.model), f"{CANDIDATE}/model")
-    for gguf in sorted(src.quantize_dir.glob("model-*.gguf")) if _complete(src.quantize_dir) else []:
+    for gguf in sorted(src.quantize_dir.glob("model-*.gguf")) if completed_manifest(src.quantize_dir) else []:
         client.log_artifact(run_id, str(gguf), f"{CANDIDATE}/gguf")
         tags[f"forge.sha256.gguf.{gguf.stem.removeprefix('model-')}"] = sha256_file(gguf)
     for file in TOKENIZER_FILES:
