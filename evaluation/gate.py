@@ -4,12 +4,12 @@ Pure logic (no MLflow, no files but the policy): serve/registry.py downloads a v
 hands the reports here. Every check returns pass/fail with the measured value, the limit and one line of detail;
 missing evidence is a failure, never a pass.
 
-    policy = load_policy("configs/gate.yaml")
+    policy = load_policy("configs/policies/gate.yaml")
     checks = evaluate(policy, Evidence(eval_report=..., quantize_report=..., quantize_manifest=...,
                                        model_sha256=..., gguf_sha256={"model-q4_k_m.gguf": ...}))
     print(format_table(checks))
 
-Policy file (format "forge-gate/1"; see configs/gate.yaml):
+Policy file (format "forge-gate/1"; see configs/policies/gate.yaml):
   metrics       {metric: {min, max, beat_random_init}}: thresholds on the candidate's eval.json metrics
   red_flags     required (names that must be present), allow_not_run (flags whose passed=null is accepted);
                 every other flag must have passed: true
@@ -87,7 +87,9 @@ def load_policy(path: str | Path) -> Policy:
     """Read and validate a gate policy; ForgeError naming every problem."""
     path = Path(path)
     if not path.is_file():
-        raise ForgeError(f"gate policy {path} not found; set registry.gate_policy (the repo ships configs/gate.yaml)")
+        raise ForgeError(
+            f"gate policy {path} not found; set registry.gate_policy (the repo ships configs/policies/gate.yaml)"
+        )
     data = path.read_bytes()
     try:
         raw = yaml.safe_load(data) or {}

@@ -308,7 +308,7 @@ class RegistryConfig(Section):
     model_name: str = "forge-model"
     tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else sqlite under the runs directory
     experiment: str = "forge"
-    gate_policy: str = "configs/gate.yaml"
+    gate_policy: str = "configs/policies/gate.yaml"
 
 
 class ServeConfig(Section):

@@ -29,7 +29,7 @@ def evidence(**overrides) -> gate.Evidence:
 
 @pytest.fixture(scope="module")
 def policy() -> gate.Policy:
-    return gate.load_policy(REPO / "configs" / "gate.yaml")
+    return gate.load_policy(REPO / "configs" / "policies" / "gate.yaml")
 
 
 def failing(policy: gate.Policy, ev: gate.Evidence) -> list[str]:

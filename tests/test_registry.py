@@ -20,6 +20,7 @@ from forge.lineage import sha256_file, sha256_tree
 from serve import registry
 
 REPO = Path(__file__).resolve().parent.parent
+POLICY = REPO / "configs" / "policies" / "gate.yaml"
 GGUF_TYPES = ("f16", "q8_0", "q4_k_m")
 
 
@@ -116,7 +117,7 @@ def make_candidate(
 def config(server: str, run: str, model_name: str, policy: Path | None = None) -> ForgeConfig:
     return load_config(None, [
         f"run_name={run}", f"registry.tracking_uri={server}", f"registry.model_name={model_name}",
-        f"registry.gate_policy={policy or REPO / 'configs' / 'gate.yaml'}", "registry.experiment=forge-registry-tests",
+        f"registry.gate_policy={policy or POLICY}", "registry.experiment=forge-registry-tests",
     ])  # fmt: skip
 
 
@@ -252,7 +253,7 @@ def test_regression_is_refused_and_rollback_restores_the_previous_production(
 def test_embedded_store_registers_promotes_and_serves(isolated_runs, model_src):
     """No server: the default sqlite store under the runs directory, with local artifacts (version ids are ints)."""
     make_candidate(isolated_runs, "embedded", model_src)
-    cfg = load_config(None, ["run_name=embedded", f"registry.gate_policy={REPO / 'configs' / 'gate.yaml'}"])
+    cfg = load_config(None, ["run_name=embedded", f"registry.gate_policy={POLICY}"])
     assert registry.run(cfg)["metrics"]["version"] == 1.0
     assert registry.promote_run(cfg)["version"] == "1"
     served = registry.resolve_production(cfg)

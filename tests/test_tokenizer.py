@@ -17,6 +17,7 @@ import pytest
 
 from forge import ForgeError
 from forge.config import load_config
+from forge.lineage import run_dir
 from pretrain import tokenizer as stage
 from pretrain.token_shards import load_split, read_meta, token_dtype
 
@@ -357,7 +358,7 @@ def test_default_corpus_round_trips_and_shard_counts_add_up():
     cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny-cpu.yaml")
     data_stage.run(cfg)
     manifest = stage.run(cfg)
-    out = stage.run_dir(cfg) / "tokenizer"
+    out = run_dir(cfg) / "tokenizer"
     tok = AutoTokenizer.from_pretrained(out)
     meta = read_meta(out / "shards")
     for split, files in stage.data_shards(cfg).items():
