@@ -1,0 +1,258 @@
+"""eval.json, report.md, report.html and the plots of one evaluation.
+
+eval.json (format "forge-eval/1"):
+  artifact    {"path", "kind": "hf" | "gguf", "sha256"}: the evaluated model (sha256 of the file, or of the
+              directory's sorted (path, sha256) list as in forge.lineage.sha256_tree)
+  passed      false if any red flag failed, else true (flags that could not run, passed=null, do not count)
+  metrics     one entry per metric: {"name", "value", "higher_is_better", "group", "artifact_sha256",
+              "random_init" (the same metric for a random-init model of the same shape, when measured),
+              "chance" (multiple choice), "details"}
+  flags       one entry per red flag: {"name", "passed", "value", "threshold", "evidence", "artifact_sha256", ...}
+  benchmarks  lm-eval scores: {"task", "metric", "value", "stderr", "artifact_sha256"} (null when not run)
+  samples     the seeded generations: {"prompt", "seed", "text"}
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from forge.config import ForgeConfig
+from forge.lineage import atomic_path, atomic_write_json, atomic_write_text
+
+FORMAT = "forge-eval/1"
+DOMAIN = [  # (metric, higher is better, key path in a measure() result)
+    ("perplexity", False, ("perplexity", "ppl")),
+    ("qa_f1", True, ("qa", "qa_f1")),
+    ("qa_exact_match", True, ("qa", "qa_exact_match")),
+    ("mc_acc", True, ("mc", "mc_acc")),
+    ("mc_acc_norm", True, ("mc", "mc_acc_norm")),
+]
+
+
+def _get(result: dict[str, Any] | None, path: tuple[str, str]) -> float | None:
+    if result is None:
+        return None
+    return result[path[0]][path[1]]
+
+
+def build_eval(
+    *,
+    target: str,
+    artifact_kind: str,
+    sha256: str,
+    result: dict[str, Any],
+    baseline: dict[str, Any] | None,
+    flags: list[dict[str, Any]],
+    benchmarks: list[dict[str, Any]] | None,
+    memorisation: dict[str, Any],
+    reference_ppl: float | None,
+) -> dict[str, Any]:
+    def metric(name: str, value: Any, higher: bool | None, group: str, **extra: Any) -> dict[str, Any]:
+        return {"name": name, "value": value, "higher_is_better": higher, "group": group,
+                "artifact_sha256": sha256, **extra}  # fmt: skip
+
+    metrics = []
+    for name, higher, path in DOMAIN:
+        extra: dict[str, Any] = {"random_init": _get(baseline, path)}
+        if name.startswith("mc_"):
+            extra["chance"] = result["mc"]["mc_chance"]
+        if name == "perplexity":
+            extra["details"] = result["perplexity"]
+        metrics.append(metric(name, _get(result, path), higher, "domain", **extra))
+    metrics += [
+        metric("qa_examples", result["qa"]["qa_examples"], None, "domain"),
+        metric("qa_empty_rate", result["qa"]["qa_empty_rate"], None, "domain"),
+        metric("mc_examples", result["mc"]["mc_examples"], None, "domain"),
+        metric("mc_chance", result["mc"]["mc_chance"], None, "domain"),
+        metric("unigram_ppl", result["unigram_ppl"], False, "baseline"),
+        metric("memorisation_train_exact", memorisation["train"]["exact"], None, "memorisation"),
+        metric("memorisation_test_exact", memorisation["test"]["exact"], None, "memorisation"),
+    ]
+    if reference_ppl is not None:
+        metrics.append(metric("reference_ppl", reference_ppl, False, "reference"))
+    for f in flags:
+        if isinstance(f["value"], dict):
+            metrics += [metric(k, v, None, f"flag:{f['name']}") for k, v in f["value"].items()]
+    bench = None
+    if benchmarks is not None:
+        bench = [{**b, "artifact_sha256": sha256} for b in benchmarks]
+        metrics += [metric(f"{b['task']}/{b['metric']}", b["value"], True, "benchmark") for b in benchmarks]
+    return {
+        "format": FORMAT,
+        "artifact": {"path": target, "kind": artifact_kind, "sha256": sha256},
+        "chat": result["chat"],
+        "passed": not any(f["passed"] is False for f in flags),
+        "metrics": metrics,
+        "flags": [{**f, "artifact_sha256": sha256} for f in flags],
+        "benchmarks": bench,
+        "samples": [{k: s[k] for k in ("prompt", "seed", "text")} for s in result["samples"]],
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# plots
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_fmt(v)}" for k, v in value.items())
+    return str(value)
+
+
+def plot_domain(report: dict[str, Any], out: Path) -> bool:
+    """Bars: the model against its random-init twin (and chance) on every domain metric."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [m for m in report["metrics"] if m["group"] == "domain" and m["higher_is_better"] is not None]
+    if not rows:
+        return False
+    fig, axes = plt.subplots(1, len(rows), figsize=(2.4 * len(rows), 3.2))
+    for ax, m in zip(axes, rows, strict=True):
+        names, values = ["model"], [m["value"] or 0.0]
+        if m.get("random_init") is not None:
+            names.append("random init")
+            values.append(m["random_init"])
+        ax.bar(names, values, color=["tab:blue", "tab:gray"][: len(values)])
+        if m.get("chance") is not None:
+            ax.axhline(m["chance"], color="tab:red", linestyle="--", linewidth=1, label="chance")
+            ax.legend(fontsize=7)
+        if m["name"] == "perplexity":
+            ax.set_yscale("log")
+        ax.set_title(f"{m['name']} ({'higher' if m['higher_is_better'] else 'lower'} is better)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return True
+
+
+def plot_history(flag: dict[str, Any], out: Path) -> bool:
+    """Validation perplexity over training, its minimum marked (the val_rise flag's evidence)."""
+    history = flag.get("history")
+    if not history:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    steps = [h["step"] for h in history]
+    ax.plot(steps, [h["val_ppl"] for h in history], "o-", markersize=3, label="val perplexity")
+    best = min(history, key=lambda h: h["val_ppl"])
+    ax.plot([best["step"]], [best["val_ppl"]], "r*", markersize=10, label="minimum")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# markdown and html
+
+
+def sections(report: dict[str, Any], plots: list[str]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) tables shared by the markdown and the HTML."""
+    art = report["artifact"]
+    verdict = "PASS" if report["passed"] else "FAIL"
+    prompting = "chat template" if report["chat"] else "plain (base model)"
+    summary = [["artifact", art["path"]], ["kind", art["kind"]], ["sha256", art["sha256"]],
+               ["prompting", prompting], ["red flags", verdict]]  # fmt: skip
+    domain = [
+        [m["name"], _fmt(m["value"]), _fmt(m.get("random_init")), _fmt(m.get("chance")),
+         "" if m["higher_is_better"] is None else ("higher" if m["higher_is_better"] else "lower"),
+         _beats(m)]
+        for m in report["metrics"] if m["group"] == "domain"
+    ]  # fmt: skip
+    flags = [[f["name"], {True: "pass", False: "FAIL", None: "n/a"}[f["passed"]], _fmt(f["value"]),
+              _fmt(f["threshold"]), f["evidence"]] for f in report["flags"]]  # fmt: skip
+    out = [
+        ("Summary", ["", ""], summary),
+        ("Domain metrics", ["metric", "model", "random init", "chance", "better", "model beats random init"], domain),
+        ("Red flags", ["flag", "result", "value", "threshold", "evidence"], flags),
+    ]
+    if report["benchmarks"]:
+        bench = [[b["task"], b["metric"], _fmt(b["value"]), _fmt(b.get("stderr"))] for b in report["benchmarks"]]
+        out.append(("Benchmarks (lm-evaluation-harness)", ["task", "metric", "value", "stderr"], bench))
+    out.append(("Generations (seeded samples)", ["seed", "prompt", "generation"],
+                [[str(s["seed"]), s["prompt"], s["text"]] for s in report["samples"]]))  # fmt: skip
+    return out
+
+
+def _beats(m: dict[str, Any]) -> str:
+    if m.get("random_init") is None or m["higher_is_better"] is None or m["value"] is None:
+        return ""
+    better = m["value"] > m["random_init"] if m["higher_is_better"] else m["value"] < m["random_init"]
+    return "yes" if better else "no"
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", "⏎")
+
+
+def to_markdown(report: dict[str, Any], plots: list[str]) -> str:
+    lines = [f"# Evaluation: {report['artifact']['path']}", ""]
+    for title, header, rows in sections(report, plots):
+        lines += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+        lines.append("")
+    if plots:
+        lines += ["## Plots", "", *(f"![{Path(p).stem}]({p})" for p in plots), ""]
+    return "\n".join(lines)
+
+
+def to_html(report: dict[str, Any], plots: list[str]) -> str:
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>Forge eval</title><style>"
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1.5em}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;white-space:pre-wrap}</style></head><body>",
+        f"<h1>Evaluation: {html.escape(report['artifact']['path'])}</h1>",
+    ]
+    for title, header, rows in sections(report, plots):
+        parts.append(f"<h2>{html.escape(title)}</h2><table><tr>")
+        parts += [f"<th>{html.escape(h)}</th>" for h in header]
+        parts.append("</tr>")
+        for row in rows:
+            parts.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>")
+        parts.append("</table>")
+    parts += [f"<h2>{html.escape(Path(p).stem)}</h2><img src='{html.escape(p)}'>" for p in plots]
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+def write_report(stage_dir: Path, *, cfg: ForgeConfig, **kwargs: Any) -> dict[str, Any]:
+    """Write eval.json, the plots, report.md and report.html into `stage_dir`; return the eval.json content."""
+    report = build_eval(**kwargs)
+    atomic_write_json(stage_dir / "eval.json", report)
+    plots = []
+    if plot_domain(report, stage_dir / "plots" / "domain.png"):
+        plots.append("plots/domain.png")
+    val_rise = next((f for f in report["flags"] if f["name"] == "val_rise"), {})
+    if plot_history(val_rise, stage_dir / "plots" / "val_ppl.png"):
+        plots.append("plots/val_ppl.png")
+    atomic_write_text(stage_dir / "report.md", to_markdown(report, plots))
+    atomic_write_text(stage_dir / "report.html", to_html(report, plots))
+    return report
+
+
+def read_eval(path: Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))

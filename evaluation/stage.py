@@ -1,0 +1,399 @@
+"""`forge eval`: perplexity, domain tasks, generations and red flags for one model; eval.json + report.md/html.
+
+    forge eval --config configs/tiny-cpu.yaml --target pretrain        # runs/<run>/pretrain/model -> eval-pretrain/
+    forge eval --config configs/tiny-cpu.yaml --target sft             # runs/<run>/sft/model      -> eval-sft/
+    forge eval --config configs/tiny-cpu.yaml --target runs/tiny-cpu/quantize/model-q4_k_m.gguf
+    forge eval --config configs/tiny-cpu.yaml --target pretrain --benchmarks forge_qa_mc,arc_easy
+
+Reads the model (an HF directory or a GGUF file), the run's token shards (runs/<run>/tokenizer/shards: test for
+perplexity and memorisation, train for memorisation and the unigram baseline) and the held-out Q&A: the SFT
+stage's qa_eval.jsonl when it exists, else the same held-out split rebuilt from `sft.data` (so eval-pretrain
+measures the pairs eval-sft will). Writes into runs/<run>/eval-<target>/ (a path target: eval-<name>-<hash>/):
+  eval.json            one entry per metric and per red flag, each with the artifact's sha256 (evaluation/report.py)
+  report.md, report.html, plots/*.png
+  qa_eval.jsonl        the held-out Q&A used; qa_predictions.jsonl, mc_items.jsonl, mc_predictions.jsonl
+  samples.json         the seeded generations
+  lm_eval/             with --benchmarks: the lm-eval task files and lm-eval's results
+The eval.json and report are also logged to the MLflow run of the stage that produced the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from evaluation import red_flags, tasks
+from evaluation.backends import Backend, HFBackend, is_chat_model, open_backend
+from evaluation.report import write_report
+from forge import ForgeError
+from forge.config import BUILTIN_CORPUS, ForgeConfig
+from forge.lineage import Stage, atomic_write_text, read_manifest, run_dir, run_stage, sha256_tree
+
+log = logging.getLogger("forge.eval")
+
+STAGE_TARGETS = ("pretrain", "sft")
+OUTPUTS = (
+    "eval.json", "report.md", "report.html", "plots", "qa_eval.jsonl", "qa_predictions.jsonl", "mc_items.jsonl",
+    "mc_predictions.jsonl", "samples.json", "lm_eval",
+)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# inputs
+
+
+def resolve_target(cfg: ForgeConfig, target: str) -> tuple[Path, str, Path | None]:
+    """(model path, stage name, the producing stage's directory or None)."""
+    if target in STAGE_TARGETS:
+        stage_dir = run_dir(cfg) / target
+        model = stage_dir / "model"
+        manifest = read_manifest(stage_dir)
+        if manifest is None or manifest.get("status") != "complete" or not (model / "config.json").is_file():
+            raise ForgeError(
+                f"no {target} model at {model} (the {target} stage has not completed); run `forge {target}` with "
+                f"the same --config first, or pass --target PATH"
+            )
+        return model, f"eval-{target}", stage_dir
+    path = Path(target)
+    if not path.exists():
+        raise ForgeError(f"--target {target}: not found; use pretrain, sft, a model directory or a .gguf file")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ForgeError(f"--target {target}: {path} is not a model directory (no config.json)")
+    if path.is_file() and path.suffix != ".gguf":
+        raise ForgeError(f"--target {target}: a file target must be a .gguf file")
+    if path.is_file():
+        from serve.gguf_export import check_gguf
+
+        check_gguf(path)  # a damaged GGUF is refused before any stage directory is written
+    resolved = path.resolve()
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(resolved.parts[-2:])).strip("-.") or "model"
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:8]
+    producer = resolved.parent if read_manifest(resolved.parent) else None
+    return path, f"eval-{slug}-{digest}", producer
+
+
+def shards_dir(cfg: ForgeConfig) -> Path:
+    shards = run_dir(cfg) / "tokenizer" / "shards"
+    if not (shards / "meta.json").is_file():
+        raise ForgeError(f"{shards}/meta.json not found: eval needs the run's test split; run `forge tokenizer`")
+    meta = json.loads((shards / "meta.json").read_text(encoding="utf-8"))
+    if meta.get("splits", {}).get("test", {}).get("documents", 0) == 0:
+        raise ForgeError(f"the test split in {shards} is empty: nothing to measure perplexity on; check forge data")
+    return shards
+
+
+def qa_input(cfg: ForgeConfig) -> Path | str:
+    """The held-out Q&A: the SFT stage's file when it completed, else the definition of the split to rebuild."""
+    sft_dir = run_dir(cfg) / "sft"
+    manifest = read_manifest(sft_dir)
+    if manifest and manifest.get("status") == "complete" and (sft_dir / "qa_eval.jsonl").is_file():
+        return sft_dir / "qa_eval.jsonl"
+    if cfg.sft.data != BUILTIN_CORPUS:
+        path = Path(cfg.sft.data)
+        if not path.is_file():
+            raise ForgeError(f"sft.data={cfg.sft.data!r}: file not found; eval takes its held-out Q&A from it")
+        return path
+    from finetune.qa_builtin import builtin_id
+
+    pretrain = cfg.data.split if BUILTIN_CORPUS in cfg.data.inputs else None
+    return json.dumps({
+        "qa": builtin_id(), "pretrain_split": pretrain, "eval_fraction": cfg.sft.eval_fraction,
+        "dedup": cfg.data.dedup.model_dump(), "seed": cfg.seed,
+    }, sort_keys=True)  # fmt: skip
+
+
+def load_qa(cfg: ForgeConfig, source: Path | str) -> list[dict[str, Any]]:
+    if isinstance(source, Path) and source.name == "qa_eval.jsonl":
+        return [json.loads(line) for line in source.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if isinstance(source, Path):  # the user's SFT file: the same held-out split the SFT stage makes
+        from finetune.sft_data import read_jsonl, split_held_out
+
+        examples, _ = read_jsonl(source, cfg.sft.system_prompt)
+        _, held = split_held_out(examples, cfg.sft.eval_fraction, cfg.data.dedup, cfg.seed)
+        out = []
+        for e in held:
+            question = next(m["content"] for m in reversed(e.messages) if m["role"] == "user")
+            out.append({"question": question, "answer": e.messages[-1]["content"], "messages": e.messages[:-1]})
+        return out
+    from finetune.qa_builtin import build_split
+    from finetune.sft_data import to_messages
+
+    pretrain = cfg.data.split if BUILTIN_CORPUS in cfg.data.inputs else None
+    _, pairs, _ = build_split(cfg.sft.eval_fraction, pretrain, cfg.data.dedup, cfg.seed)
+    keys = ("question", "answer", "object", "kind", "qtype", "pretrain_split")
+    return [{**{k: p[k] for k in keys}, "messages": to_messages(p, cfg.sft.system_prompt)[:-1]} for p in pairs]
+
+
+def resolve_reference(cfg: ForgeConfig, target: str, model: Path) -> Path | None:
+    """eval.reference; else for sft the pretrained model, for a quantized GGUF the model the quantize stage read."""
+    if cfg.eval.reference:
+        ref = Path(cfg.eval.reference)
+        if not ref.exists():
+            raise ForgeError(f"eval.reference={cfg.eval.reference!r}: not found (a model directory or a .gguf file)")
+        return ref
+    if target == "sft":
+        ref = run_dir(cfg) / "pretrain" / "model"
+        return ref if (ref / "config.json").is_file() else None
+    if model.suffix == ".gguf" and (read_manifest(model.resolve().parent) or {}).get("stage") == "quantize":
+        from serve.quantize import resolve_model_dir
+
+        try:
+            return resolve_model_dir(cfg, "auto")
+        except ForgeError:
+            return None
+    return None  # pretrain: the production model, once the registry (issue 10) exists
+
+
+def find_history(model: Path) -> Path | None:
+    """The training history beside an exported model: pretrain's metrics.jsonl or SFT's train_history.jsonl."""
+    if model.suffix == ".gguf":
+        return None
+    for name in ("metrics.jsonl", "train_history.jsonl"):
+        path = model.resolve().parent / name
+        if path.is_file():
+            return path
+    return None
+
+
+def train_tokens_id(shards: Path) -> Path | str:
+    """The train split's identity for the skip key: its recorded sha256 (no need to re-hash a big file)."""
+    manifest = read_manifest(shards.parent) or {}
+    recorded = manifest.get("outputs", {}).get("shards/train.bin")
+    return f"sha256:{recorded}" if recorded else shards / "train.bin"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the stage
+
+
+def run(
+    cfg: ForgeConfig, force: bool = False, target: str = "sft", benchmarks: list[str] | None = None
+) -> dict[str, Any]:
+    """Evaluate the target model; write eval.json and the report into the eval stage directory."""
+    model, name, producer = resolve_target(cfg, target)
+    shards = shards_dir(cfg)
+    qa_source = qa_input(cfg)
+    reference = resolve_reference(cfg, target, model)
+    history = find_history(model)
+    bench = list(cfg.eval.benchmarks if benchmarks is None else benchmarks)
+    if bench and model.suffix == ".gguf":
+        raise ForgeError("--benchmarks runs lm-eval on an HF model directory, not a .gguf file; pass a model dir")
+    inputs: dict[str, Path | str] = {
+        "model": model, "test": shards / "test.bin", "test_index": shards / "test.idx",
+        "train": train_tokens_id(shards), "qa": qa_source,
+    }  # fmt: skip
+    if reference is not None:
+        inputs["reference"] = reference
+    if history is not None:
+        inputs["history"] = history
+    if bench:
+        inputs["benchmarks"] = ",".join(bench)
+    stage = Stage(name=name, cfg=cfg, sections=("eval",), inputs=inputs)
+
+    def body(s: Stage) -> dict[str, float]:
+        return evaluate(s, model, shards, qa_source, reference, history, bench, producer)
+
+    return run_stage(stage, body, force=force)
+
+
+def evaluate(
+    stage: Stage,
+    model: Path,
+    shards: Path,
+    qa_source: Path | str,
+    reference: Path | None,
+    history: Path | None,
+    benchmarks: list[str],
+    producer: Path | None,
+) -> dict[str, float]:
+    import torch
+
+    from pretrain.token_shards import load_split
+
+    cfg, ecfg = stage.cfg, stage.cfg.eval
+    for old in OUTPUTS:  # a forced re-run must not leave a previous run's files (lm_eval/, plots) behind
+        _remove(stage.dir / old)
+    torch.manual_seed(cfg.seed)
+    test_tokens, test_offsets = load_split(shards, "test")
+    train_tokens, train_offsets = load_split(shards, "train")
+    if len(test_tokens) < 2:
+        raise ForgeError(f"the test split in {shards} is empty: nothing to measure perplexity on; check forge data")
+    ids = np.asarray(test_tokens[: ecfg.max_test_tokens], dtype=np.int64)
+    records = load_qa(cfg, qa_source)
+    _write_jsonl(stage.dir / "qa_eval.jsonl", records)
+
+    backend = open_backend(model)
+    try:
+        chat = is_chat_model(backend) if ecfg.chat is None else ecfg.chat
+        if ecfg.chat is None and backend.kind == "gguf" and reference is not None and reference.is_dir():
+            chat = bool(backend.chat_template) and not (reference / "forge_pretrain.json").is_file()  # its source
+        log.info("eval: %s (%s, %s model), %d test tokens, %d held-out Q&A", model, backend.kind,
+                 "chat" if chat else "base", len(ids), len(records))  # fmt: skip
+        window = min(ecfg.ppl_window or backend.context, backend.context)
+        stride = ecfg.ppl_stride or max(window // 2, 1)
+        result = measure(backend, cfg, ids, records, chat, window, stride, test_tokens, test_offsets)
+        result["chat"] = chat
+        result["unigram_ppl"] = tasks.unigram_perplexity(train_tokens, ids, backend.vocab_size)
+        train_docs = tasks.pick_documents(
+            train_tokens, train_offsets, ecfg.memorisation_docs, ecfg.memorisation_prefix + ecfg.memorisation_suffix,
+            cfg.seed,
+        )  # fmt: skip
+        test_docs = tasks.pick_documents(
+            test_tokens, test_offsets, ecfg.memorisation_docs, ecfg.memorisation_prefix + ecfg.memorisation_suffix,
+            cfg.seed,
+        )  # fmt: skip
+        mem_train = tasks.verbatim_rate(backend, train_docs, ecfg.memorisation_prefix, ecfg.memorisation_suffix)
+        mem_test = tasks.verbatim_rate(backend, test_docs, ecfg.memorisation_prefix, ecfg.memorisation_suffix)
+        baseline = None
+        if ecfg.random_baseline and isinstance(backend, HFBackend):
+            random_backend = random_init_backend(backend, cfg.seed)
+            baseline = measure(random_backend, cfg, ids, records, chat, window, stride, test_tokens, test_offsets)
+        vocab = backend.vocab_size
+    finally:
+        backend.close()
+
+    ref_ppl = None
+    if reference is not None:
+        ref_backend = open_backend(reference)
+        try:
+            ref_window = min(window, ref_backend.context)
+            if ref_window != window:
+                raise ForgeError(
+                    f"eval.reference {reference}: its context ({ref_backend.context}) is shorter than the perplexity "
+                    f"window {window}; set eval.ppl_window <= {ref_backend.context}"
+                )
+            ref_ppl = ref_backend.perplexity(ids, window, stride).ppl
+        finally:
+            ref_backend.close()
+
+    history_records = _read_jsonl(history) if history else None
+    generations = [s["ids"] for s in result["samples"]]
+    ppl = result["perplexity"]["ppl"]
+    flags = [
+        red_flags.repetition(generations, ecfg),
+        red_flags.ppl_drift(ppl, ref_ppl, str(reference) if reference else None, ecfg),
+        red_flags.val_rise(history_records, str(history) if history else None, ecfg),
+        red_flags.memorisation(mem_train, mem_test, ecfg),
+        red_flags.incoherence(ppl, result["unigram_ppl"], generations, ecfg),
+        red_flags.untrained(ppl, vocab, ecfg),
+    ]
+    bench_results = None
+    if benchmarks:
+        from evaluation.benchmarks import run_benchmarks
+
+        bench_results = run_benchmarks(model, benchmarks, result["mc_items"], stage.dir / "lm_eval", ecfg, cfg.seed)
+        for task, threshold in ecfg.min_benchmark.items():
+            flags.append(red_flags.benchmark_flag(task, bench_results, threshold))
+
+    _write_jsonl(stage.dir / "qa_predictions.jsonl", result["qa_predictions"])
+    _write_jsonl(stage.dir / "mc_items.jsonl", result["mc_items"])
+    _write_jsonl(stage.dir / "mc_predictions.jsonl", result["mc_predictions"])
+    atomic_write_text(stage.dir / "samples.json", json.dumps(result["samples"], indent=2, ensure_ascii=False) + "\n")
+    report = write_report(
+        stage.dir, target=str(model), artifact_kind="gguf" if model.suffix == ".gguf" else "hf",
+        sha256=sha256_tree(model), result=result, baseline=baseline, flags=flags, benchmarks=bench_results,
+        memorisation={"train": mem_train, "test": mem_test}, reference_ppl=ref_ppl, cfg=cfg,
+    )  # fmt: skip
+    log_to_producer(stage, producer, report)
+    for f in flags:
+        if f["passed"] is False:
+            log.warning("eval: red flag %s: %s", f["name"], f["evidence"])
+    metrics = {m["name"]: m["value"] for m in report["metrics"] if isinstance(m["value"], (int, float))}
+    metrics |= {f"flag_{f['name']}": float(f["passed"]) for f in flags if f["passed"] is not None}
+    metrics["flags_failed"] = float(sum(f["passed"] is False for f in flags))
+    return metrics
+
+
+def measure(
+    backend: Backend,
+    cfg: ForgeConfig,
+    ids: np.ndarray,
+    records: list[dict[str, Any]],
+    chat: bool,
+    window: int,
+    stride: int,
+    test_tokens: np.ndarray,
+    test_offsets: np.ndarray,
+) -> dict[str, Any]:
+    """Perplexity, QA, multiple choice and generations of one backend (the model, or its random-init twin)."""
+    ecfg = cfg.eval
+    ppl = backend.perplexity(ids, window, stride)
+    chosen = tasks.select_qa(records, ecfg.qa_max_examples)
+    qa, qa_predictions = tasks.run_qa(backend, chosen, chat, ecfg.max_new_tokens)
+    items = tasks.build_mc_items(records, ecfg.mc_choices, cfg.seed)
+    items = tasks.select_qa(items, ecfg.qa_max_examples)
+    mc, mc_predictions = tasks.run_mc(backend, items, chat)
+    if ecfg.prompts:
+        prompts = [(p, backend.encode(backend.render_chat([{"role": "user", "content": p}]), special=True) if chat
+                    else backend.encode(p)) for p in ecfg.prompts]  # fmt: skip
+    else:
+        doc_prompts = tasks.document_prompts(test_tokens, test_offsets, ecfg.generation_prompts, ecfg.prompt_tokens)
+        prompts = [(backend.decode(p), p) for p in doc_prompts]
+    samples = tasks.run_generations(backend, prompts, ecfg.max_new_tokens, ecfg.temperature, ecfg.top_k, cfg.seed)
+    return {
+        "perplexity": ppl.as_dict(), "qa": qa, "mc": mc, "samples": samples, "qa_predictions": qa_predictions,
+        "mc_items": items, "mc_predictions": mc_predictions,
+    }  # fmt: skip
+
+
+def random_init_backend(backend: HFBackend, seed: int) -> HFBackend:
+    """A randomly initialised model of the same architecture and shape, with the same tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(backend.model.config)
+    return HFBackend(backend.path, model=model, tokenizer=backend.tokenizer)
+
+
+def log_to_producer(stage: Stage, producer: Path | None, report: dict[str, Any]) -> None:
+    """Log eval.json, the report and the headline metrics on the MLflow run of the stage that made the model."""
+    manifest = read_manifest(producer) if producer else None
+    run_id = (manifest or {}).get("mlflow_run_id")
+    if not run_id or stage.tracker is None:
+        return
+    from mlflow.entities import Metric
+
+    client = stage.tracker.client
+    prefix = stage.name
+    try:
+        for name in ("eval.json", "report.md", "report.html"):
+            if (stage.dir / name).is_file():
+                client.log_artifact(run_id, str(stage.dir / name), prefix)
+        values = [(m["name"], m["value"]) for m in report["metrics"]]
+        values += [(f"flag_{f['name']}", float(f["passed"])) for f in report["flags"] if f["passed"] is not None]
+        batch = [Metric(f"{prefix}/{k}", float(v), 0, 0) for k, v in values
+                 if isinstance(v, (int, float)) and math.isfinite(v)]  # fmt: skip
+        if batch:
+            client.log_batch(run_id, metrics=batch)
+    except Exception as exc:  # noqa: BLE001 - the producing run may have been deleted; the eval itself stands
+        log.warning("eval: could not log to the producing MLflow run %s: %s", run_id, exc)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out

@@ -1,0 +1,272 @@
+"""Domain tasks built from held-out data, scored on any `Backend` (HF directory or GGUF).
+
+  qa            held-out question -> generated answer (greedy), scored by token F1 and exact match against the
+                reference answer (SQuAD normalisation: lower case, no punctuation, no articles)
+  mc            the right answer among `mc_choices - 1` distractors taken from other held-out pairs (same question
+                type first), picked by log-likelihood of the answer given the question; `acc` sums the answer's
+                log-probability, `acc_norm` divides it by the answer's length in characters (lm-eval's acc_norm);
+                reported with the chance baseline 1 / choices
+  generations   configured prompts (else the first tokens of test documents) continued by sampling with a fixed
+                seed per prompt, saved for the report and measured by the repetition and incoherence flags
+  memorisation  greedy continuation of training documents versus test documents: the share reproduced verbatim
+
+Prompts: a chat model (it has a chat template and is not a raw pretraining export) gets the question through its
+chat template and answers until its end-of-turn (EOS); a base model gets "Question: ...\\nAnswer:" and its answer
+ends at EOS or the first blank line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from evaluation.backends import Backend
+
+BASE_PROMPT = "Question: {question}\nAnswer:"
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# scoring
+
+
+def normalize_answer(text: str) -> str:
+    text = text.lower().translate(_PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    pred, ref = normalize_answer(prediction).split(), normalize_answer(reference).split()
+    if not pred or not ref:
+        return float(pred == ref)
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def exact_match(prediction: str, reference: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(reference))
+
+
+def ngrams(ids: Sequence[int], n: int) -> list[tuple[int, ...]]:
+    return [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+
+
+def repeated_ngram_rate(sequences: Sequence[Sequence[int]], n: int) -> float:
+    """Share of n-grams that already occurred earlier in the same sequence, over all sequences."""
+    repeated = total = 0
+    for seq in sequences:
+        grams = ngrams(list(seq), n)
+        total += len(grams)
+        repeated += len(grams) - len(set(grams))
+    return repeated / total if total else 0.0
+
+
+def distinct_n(sequences: Sequence[Sequence[int]], n: int) -> float:
+    """Distinct n-grams / all n-grams, pooled over the sequences (Li et al. 2016)."""
+    grams = [g for seq in sequences for g in ngrams(list(seq), n)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# prompts
+
+
+def stop_ids_for(backend: Backend) -> set[int]:
+    return {backend.eos_id} if backend.eos_id is not None else set()
+
+
+def cut_answer(text: str, chat: bool) -> str:
+    """A chat model's answer is its whole turn; a base model's ends at the first blank line."""
+    text = text.strip()
+    return text if chat else text.split("\n\n")[0].strip()
+
+
+def question_prompt(backend: Backend, record: dict[str, Any], chat: bool) -> list[int]:
+    if chat:
+        messages = record.get("messages") or [{"role": "user", "content": record["question"]}]
+        return backend.encode(backend.render_chat(messages), special=True)
+    return backend.encode(BASE_PROMPT.format(question=record["question"]))
+
+
+def answer_ids(backend: Backend, answer: str, chat: bool) -> list[int]:
+    ids = backend.encode(answer if chat else " " + answer)
+    if chat and backend.eos_id is not None:
+        ids = [*ids, backend.eos_id]
+    return ids
+
+
+def select_qa(records: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """At most `limit` records, a stable choice (by a hash of the question), in file order."""
+    if len(records) <= limit:
+        return list(records)
+    ranked = sorted(range(len(records)), key=lambda i: hashlib.sha256(records[i]["question"].encode()).hexdigest())
+    keep = set(ranked[:limit])
+    return [r for i, r in enumerate(records) if i in keep]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# question answering
+
+
+def run_qa(
+    backend: Backend, records: list[dict[str, Any]], chat: bool, max_new_tokens: int
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Greedy answers scored by token F1 and exact match; returns (metrics, one prediction per record)."""
+    stops = stop_ids_for(backend)
+    predictions = []
+    for record in records:
+        prompt = question_prompt(backend, record, chat)
+        new = backend.generate(prompt, max_new_tokens, stop_ids=stops, stop_text=None if chat else "\n\n")
+        text = cut_answer(backend.decode([t for t in new if t not in stops]), chat)
+        predictions.append({
+            "question": record["question"], "reference": record["answer"], "prediction": text,
+            "f1": token_f1(text, record["answer"]), "exact_match": exact_match(text, record["answer"]),
+        })  # fmt: skip
+    n = max(len(predictions), 1)
+    metrics = {
+        "qa_f1": sum(p["f1"] for p in predictions) / n,
+        "qa_exact_match": sum(p["exact_match"] for p in predictions) / n,
+        "qa_examples": float(len(predictions)),
+        "qa_empty_rate": sum(not p["prediction"] for p in predictions) / n,  # e.g. greedy decoding only newlines
+    }
+    return metrics, predictions
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# multiple choice
+
+
+def build_mc_items(records: list[dict[str, Any]], choices: int, seed: int) -> list[dict[str, Any]]:
+    """For each record: its answer among `choices - 1` distinct answers of other records (same qtype first)."""
+    rng = random.Random(seed)
+    by_qtype: dict[Any, list[int]] = {}
+    for j, r in enumerate(records):
+        by_qtype.setdefault(r.get("qtype"), []).append(j)
+    items = []
+    for i, record in enumerate(records):
+        picked: list[str] = []
+        same = [j for j in by_qtype[record.get("qtype")] if j != i]
+        for pool in (same, range(len(records))):  # other question types only when the same type runs short
+            order = list(pool)
+            rng.shuffle(order)
+            for j in order:
+                if len(picked) == choices - 1:
+                    break
+                answer = records[j]["answer"]
+                if j != i and answer != record["answer"] and answer not in picked:
+                    picked.append(answer)
+        if len(picked) < choices - 1:
+            continue  # too few distinct answers to build this item
+        options = [record["answer"], *picked]
+        rng.shuffle(options)
+        items.append({
+            "question": record["question"], "choices": options, "gold": options.index(record["answer"]),
+            **({"messages": record["messages"]} if record.get("messages") else {}),
+        })  # fmt: skip
+    return items
+
+
+def run_mc(backend: Backend, items: list[dict[str, Any]], chat: bool) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Accuracy by summed and by length-normalised log-likelihood; returns (metrics, one row per item)."""
+    rows = []
+    for item in items:
+        context = question_prompt(backend, item, chat)
+        scores = [backend.continuation_logprob(context, answer_ids(backend, c, chat)) for c in item["choices"]]
+        norm = [s / max(len(c), 1) for s, c in zip(scores, item["choices"], strict=True)]
+        rows.append({
+            "question": item["question"], "gold": item["gold"], "pred": int(np.argmax(scores)),
+            "pred_norm": int(np.argmax(norm)), "logprobs": [round(s, 4) for s in scores],
+        })  # fmt: skip
+    n = max(len(rows), 1)
+    k = len(items[0]["choices"]) if items else 0
+    metrics = {
+        "mc_acc": sum(r["pred"] == r["gold"] for r in rows) / n,
+        "mc_acc_norm": sum(r["pred_norm"] == r["gold"] for r in rows) / n,
+        "mc_chance": 1 / k if k else 0.0,
+        "mc_examples": float(len(rows)),
+    }
+    return metrics, rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# generations
+
+
+def document_prompts(tokens: np.ndarray, offsets: np.ndarray, n: int, length: int) -> list[list[int]]:
+    """The first `length` ids of the first `n` documents longer than 2 x length."""
+    out = []
+    for start, end in zip(offsets[:-1], offsets[1:], strict=True):
+        if end - start > 2 * length:
+            out.append([int(t) for t in tokens[start : start + length]])
+        if len(out) == n:
+            break
+    return out
+
+
+def run_generations(
+    backend: Backend,
+    prompts: list[tuple[str, list[int]]],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """One sample per prompt, seeded by `seed + index`; returns the prompt, the new ids and their text."""
+    stops = stop_ids_for(backend)
+    samples = []
+    for i, (text, ids) in enumerate(prompts):
+        new = backend.generate(ids, max_new_tokens, temperature, top_k, seed + i, stops)
+        content = [t for t in new if t not in stops]
+        samples.append({"prompt": text, "seed": seed + i, "ids": content, "text": backend.decode(content)})
+    return samples
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# memorisation
+
+
+def pick_documents(tokens: np.ndarray, offsets: np.ndarray, n: int, min_len: int, seed: int) -> list[np.ndarray]:
+    """`n` documents of at least `min_len` ids, a seeded sample."""
+    lengths = np.diff(offsets) - 1  # without the EOS
+    eligible = np.flatnonzero(lengths >= min_len)
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(eligible, size=min(n, len(eligible)), replace=False)) if len(eligible) else []
+    return [np.asarray(tokens[offsets[i] : offsets[i + 1] - 1], dtype=np.int64) for i in chosen]
+
+
+def verbatim_rate(backend: Backend, documents: list[np.ndarray], prefix: int, suffix: int) -> dict[str, float]:
+    """Greedy continuation of each document's first `prefix` ids: the share reproducing the next `suffix` ids
+    exactly, and the mean share of those ids matched before the first difference."""
+    exact = matched = 0.0
+    for doc in documents:
+        truth = doc[prefix : prefix + suffix].tolist()
+        new = backend.generate(doc[:prefix].tolist(), suffix)
+        run = next((i for i, (a, b) in enumerate(zip(new, truth, strict=False)) if a != b), min(len(new), len(truth)))
+        exact += float(new[: len(truth)] == truth)
+        matched += run / len(truth)
+    n = max(len(documents), 1)
+    return {"exact": exact / n, "prefix_match": matched / n, "documents": float(len(documents))}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a unigram baseline: what "low perplexity" is measured against
+
+
+def unigram_perplexity(train_tokens: np.ndarray, test_ids: np.ndarray, vocab_size: int) -> float:
+    """Perplexity of the add-one-smoothed unigram distribution of the train split on the test ids."""
+    counts = np.bincount(np.asarray(train_tokens, dtype=np.int64), minlength=vocab_size)[:vocab_size] + 1.0
+    logp = np.log(counts / counts.sum())
+    ids = np.asarray(test_ids, dtype=np.int64)[1:]
+    ids = ids[ids < vocab_size]
+    return float(np.exp(-logp[ids].mean())) if len(ids) else float("nan")

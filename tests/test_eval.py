@@ -1,0 +1,403 @@
+"""`forge eval`: scoring functions, red flags on models made degenerate on purpose, HF vs GGUF perplexity, the
+lm-eval domain task offline, and one-line errors on bad input.
+
+Every model here is tiny (hidden 64, 2 layers, a 384-token BPE trained in a second on a synthetic "domain"
+corpus of facts about made-up functions); the module fixture trains them once:
+  trained     100 steps (about one epoch) on the corpus: must pass every red flag
+  repeater    trained on one phrase repeated: must trip `repetition`
+  memoriser   trained to memorise 3 documents (the train split of its own run): must trip `memorisation`
+  random      random init: must trip `untrained` and, against the trained model, `ppl_drift`
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evaluation import red_flags, tasks
+from forge.config import EvalConfig, ForgeConfig, ModelConfig, TokenizerConfig
+
+REPO = Path(__file__).resolve().parent.parent
+FORGE = str(Path(sys.executable).with_name("forge"))
+
+OBJECTS = [f"{a}_{b}" for a in ("load", "dump", "parse", "split", "join", "sort") for b in ("path", "list", "text")]
+ADJS = ("sorted", "first", "last", "encoded", "decoded", "quoted", "empty", "largest")
+NOUNS = ("value", "string", "number", "file", "record", "line", "key", "item")
+FILLER = [
+    "This is useful when you work with data.",
+    "It raises an error when the input is wrong.",
+    "The result is a new object.",
+    "You can call it many times.",
+]
+REPEAT = "the cat sat on the mat. "
+
+
+def fact(obj: str) -> str:
+    h = sum(map(ord, obj))
+    return f"It returns the {ADJS[h % len(ADJS)]} {NOUNS[h // 3 % len(NOUNS)]} of a {NOUNS[h // 7 % len(NOUNS)]}."
+
+
+def documents(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(5, 8)):
+            obj = rng.choice(OBJECTS)
+            if rng.random() < 0.5:  # the domain's own FAQ format, which the Q&A tasks ask in
+                parts.append(f"Question: What does `{obj}` do?\nAnswer: {fact(obj)}\n\n")
+            else:
+                parts.append(f"The function `{obj}` is documented here. {fact(obj)}")
+            if rng.random() < 0.5:
+                parts.append(rng.choice(FILLER))
+        docs.append(" ".join(parts))
+    return docs
+
+
+def qa_pairs() -> list[dict[str, str]]:
+    return [{"question": f"What does `{obj}` do?", "answer": fact(obj)} for obj in OBJECTS]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# building tiny models
+
+
+def train_tokenizer(texts: list[str], dest: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from pretrain.tokenizer import all_special_tokens, pre_tokenizer, save_tokenizer
+
+    tcfg = TokenizerConfig(vocab_size=384, min_frequency=2)
+    tok = Tokenizer(models.BPE(unk_token=tcfg.special_tokens[1]))
+    tok.pre_tokenizer = pre_tokenizer()
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=tcfg.vocab_size, min_frequency=2, special_tokens=all_special_tokens(tcfg),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )  # fmt: skip
+    tok.train_from_iterator(texts, trainer=trainer)
+    dest.mkdir(parents=True, exist_ok=True)
+    save_tokenizer(tok, tcfg, dest)
+    return tok
+
+
+def write_run(root: Path, run: str, tok, tok_dir: Path, splits: dict[str, list[str]]) -> Path:
+    """runs/<run>/tokenizer/{tokenizer files, shards/} as the tokenizer stage writes them (manifest included)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pretrain.token_shards import write_shards
+
+    out = root / run / "tokenizer"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tok_dir / name, out / name)
+    parquet = {}
+    for split, docs in splits.items():
+        parquet[split] = [out / f".{split}.parquet"]
+        pq.write_table(pa.table({"text": docs}), parquet[split][0])
+    write_shards(tok, parquet, out / "shards", {"pad": 0, "unk": 1, "bos": 2, "eos": 3})
+    for files in parquet.values():
+        files[0].unlink()
+    (out / "manifest.json").write_text(json.dumps({"stage": "tokenizer", "status": "complete"}))
+    return out / "shards"
+
+
+def model_config() -> ModelConfig:
+    return ModelConfig(
+        architecture="llama", hidden_size=64, num_layers=2, num_attention_heads=2, intermediate_size=128,
+        context_length=64, initializer_range=0.05,
+    )  # fmt: skip
+
+
+def build_and_train(ids: np.ndarray, steps: int, seed: int = 0, lr: float = 3e-3, starts: np.ndarray | None = None):
+    """A tiny llama trained on random windows of `ids` (or windows beginning at `starts`, e.g. document starts)."""
+    import torch
+
+    from pretrain.model import build_model
+
+    torch.manual_seed(seed)
+    model = build_model(model_config(), 384)
+    if steps:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        rng = np.random.default_rng(seed)
+        T = model_config().context_length
+        model.train()
+        for _ in range(steps):
+            begin = rng.integers(0, len(ids) - T, size=8) if starts is None else rng.choice(starts, size=8)
+            x = torch.as_tensor(np.stack([ids[s : s + T] for s in begin]).astype(np.int64))
+            loss = model(input_ids=x, labels=x).loss  # the model shifts the labels: next-token prediction
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return model.eval()
+
+
+def save_model(model, dest: Path, tok_dir: Path, history: list[dict] | None = None) -> Path:
+    """An exported model like forge pretrain writes: model/, its tokenizer files, forge_pretrain.json."""
+    model.save_pretrained(dest)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tok_dir / name, dest / name)
+    (dest / "forge_pretrain.json").write_text("{}")
+    if history is not None:
+        (dest.parent / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
+        (dest.parent / "manifest.json").write_text(json.dumps({"stage": "pretrain", "status": "complete"}))
+    return dest
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: on a shared, loaded machine two threads make these tiny models slower, not faster."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, one_thread):
+    """Shards for two runs (main: the corpus; mem: 3 documents to memorise) and the four models."""
+    from pretrain.token_shards import load_split
+
+    root = tmp_path_factory.mktemp("eval-world")
+    train_docs, val_docs, test_docs = documents(400, 1), documents(20, 2), documents(30, 3)
+    tok_dir = root / "tok"
+    tok = train_tokenizer(train_docs + [REPEAT * 20], tok_dir)
+    runs = root / "runs"
+    main = write_run(runs, "main", tok, tok_dir, {"train": train_docs, "val": val_docs, "test": test_docs})
+    mem_docs = documents(3, 9)
+    mem = write_run(runs, "mem", tok, tok_dir, {"train": mem_docs, "val": val_docs, "test": test_docs})
+    train_ids = np.asarray(load_split(main, "train")[0], dtype=np.int64)
+    mem_ids, mem_offsets = (np.asarray(a, dtype=np.int64) for a in load_split(mem, "train"))
+    repeat_ids = np.asarray(tok.encode(REPEAT * 40).ids, dtype=np.int64)
+
+    falling = [{"step": s, "val_loss": v} for s, v in [(0, 6.0), (50, 4.0), (100, 3.5), (150, 3.4)]]
+    models = {
+        "trained": save_model(build_and_train(train_ids, 100), runs / "main" / "pretrain" / "model", tok_dir, falling),
+        "repeater": save_model(build_and_train(repeat_ids, 100), root / "repeater", tok_dir),
+        "memoriser": save_model(build_and_train(mem_ids, 100, starts=mem_offsets[:-1]), root / "memoriser", tok_dir),
+        "random": save_model(build_and_train(train_ids, 0), root / "random", tok_dir),
+    }
+    return {"root": root, "runs": runs, "tok_dir": tok_dir, "models": models, "shards": main}
+
+
+def small_cfg(run: str, tmp_path: Path, **eval_overrides) -> ForgeConfig:
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps(p) + "\n" for p in qa_pairs()))
+    fields = dict(
+        qa_max_examples=8, generation_prompts=6, prompt_tokens=12, max_new_tokens=24, memorisation_docs=5,
+        memorisation_prefix=16, memorisation_suffix=16, random_baseline=False,
+    )  # fmt: skip
+    fields.update(eval_overrides)
+    return ForgeConfig(run_name=run, sft={"data": str(qa), "eval_fraction": 0.6}, eval=EvalConfig(**fields))
+
+
+def use_runs(world, isolated_runs: Path) -> None:
+    """Copy the fixture's runs into this test's runs directory (FORGE_RUNS_DIR)."""
+    shutil.copytree(world["runs"], isolated_runs, dirs_exist_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# scoring functions
+
+
+def test_f1_and_exact_match_follow_squad_normalisation():
+    assert tasks.exact_match("The Sorted list.", "sorted list") == 1.0
+    f1 = tasks.token_f1("returns the sorted list", "It returns the sorted list.")  # precision 1, recall 3/4
+    assert f1 == pytest.approx(2 * 0.75 / 1.75)
+    assert tasks.token_f1("", "x") == 0.0 and tasks.token_f1("a b", "c d") == 0.0
+
+
+def test_repetition_metrics():
+    loop = [1, 2, 3] * 10
+    assert tasks.repeated_ngram_rate([loop], 4) > 0.8
+    assert tasks.repeated_ngram_rate([list(range(30))], 4) == 0.0
+    assert tasks.distinct_n([list(range(30))], 2) == 1.0
+    assert tasks.distinct_n([loop], 2) == pytest.approx(3 / 29)
+
+
+def test_val_rise_flag_reads_the_history():
+    cfg = EvalConfig(max_val_ppl_rise=0.05)
+    rising = [{"step": s, "val_loss": v} for s, v in [(0, 5.0), (10, 3.0), (20, 3.2), (30, 3.4)]]
+    flag = red_flags.val_rise([{"step": 5, "loss": 4.0}, *rising], "h.jsonl", cfg)  # train-loss lines ignored
+    assert flag["passed"] is False and flag["best_step"] == 10
+    assert flag["value"] == pytest.approx(np.exp(0.4) - 1)
+    assert red_flags.val_rise(rising[:2], "h.jsonl", cfg)["passed"] is True
+    assert red_flags.val_rise(None, None, cfg)["passed"] is None
+
+
+def test_incoherence_needs_low_perplexity_and_degenerate_generations():
+    cfg = EvalConfig()
+    loops, varied = [[5, 6, 7, 8] * 8] * 4, [list(range(i, i + 32)) for i in range(4)]
+    assert red_flags.incoherence(10.0, 50.0, loops, cfg)["passed"] is False  # low ppl, degenerate text
+    assert red_flags.incoherence(80.0, 50.0, loops, cfg)["passed"] is True  # degenerate but not "low" ppl
+    assert red_flags.incoherence(10.0, 50.0, varied, cfg)["passed"] is True
+    assert red_flags.incoherence(10.0, 50.0, [[1], [2], [3]], cfg)["passed"] is False  # empty-ish answers
+
+
+def test_sampling_is_seeded():
+    from evaluation.backends import sample_token
+
+    logits = np.linspace(0, 3, 50)
+    draw = [sample_token(logits, 0.9, 10, np.random.default_rng(7)) for _ in range(3)]
+    assert len(set(draw)) == 1 and draw[0] >= 40  # same seed, same token; top-k keeps the 10 largest
+    assert sample_token(logits, 0.0, 0, np.random.default_rng(0)) == 49
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the red flags on degenerate models, through the stage
+
+
+def _flags(manifest_dir: Path) -> tuple[dict[str, bool | None], dict]:
+    report = json.loads((manifest_dir / "eval.json").read_text())
+    return {f["name"]: f["passed"] for f in report["flags"]}, report
+
+
+@pytest.mark.slow
+def test_each_degenerate_model_trips_its_flag_and_the_trained_model_passes(world, isolated_runs, tmp_path):
+    from evaluation.stage import run
+
+    use_runs(world, isolated_runs)
+    models = world["models"]
+
+    # the trained model, as the pretrain stage's export: history read, report against a random-init twin
+    manifest = run(small_cfg("main", tmp_path, random_baseline=True), target="pretrain")
+    assert manifest["stage"] == "eval-pretrain" and manifest["status"] == "complete"
+    stage_dir = isolated_runs / "main" / "eval-pretrain"
+    flags, report = _flags(stage_dir)
+    assert flags == {"repetition": True, "ppl_drift": None, "val_rise": True, "memorisation": True,
+                     "incoherence": True, "untrained": True}, report["flags"]  # fmt: skip
+    assert report["passed"] is True and manifest["metrics"]["flags_failed"] == 0
+    metrics = {m["name"]: m for m in report["metrics"]}
+    assert metrics["perplexity"]["value"] < 0.2 * metrics["perplexity"]["random_init"]
+    for name in ("qa_f1", "qa_exact_match", "mc_acc", "mc_acc_norm"):  # every domain metric beats random init
+        assert metrics[name]["value"] > metrics[name]["random_init"], (name, metrics[name])
+    assert metrics["mc_chance"]["value"] == 0.25 and metrics["mc_examples"]["value"] > 0
+    assert all(m["artifact_sha256"] == report["artifact"]["sha256"] for m in report["metrics"] + report["flags"])
+    md = (stage_dir / "report.md").read_text()
+    assert "random init" in md and "plots/domain.png" in md and (stage_dir / "plots" / "domain.png").is_file()
+    assert (stage_dir / "plots" / "val_ppl.png").is_file() and (stage_dir / "report.html").is_file()
+    samples = json.loads((stage_dir / "samples.json").read_text())
+    assert len(samples) == 6 and all(s["text"] for s in samples)
+    # unchanged inputs and config: skipped; the same seeds give the same samples
+    again = run(small_cfg("main", tmp_path, random_baseline=True), target="pretrain")
+    assert again["started_at"] == manifest["started_at"]
+
+    # always repeats a phrase
+    run(small_cfg("main", tmp_path), target=str(models["repeater"]))
+    flags, report = _flags(next(isolated_runs.glob("main/eval-*repeater*")))
+    assert flags["repetition"] is False, report["flags"]
+    assert flags["memorisation"] is True
+
+    # memorised its (3-document) train split
+    run(small_cfg("mem", tmp_path), target=str(models["memoriser"]))
+    flags, report = _flags(next(isolated_runs.glob("mem/eval-*memoriser*")))
+    assert flags["memorisation"] is False, report["flags"]
+    mem = next(f for f in report["flags"] if f["name"] == "memorisation")
+    assert mem["train"]["exact"] >= 0.6 and mem["test"]["exact"] <= 0.2
+
+    # random init, against the trained model as reference
+    trained = str(models["trained"])
+    run(small_cfg("main", tmp_path, reference=trained), target=str(models["random"]))
+    flags, report = _flags(next(isolated_runs.glob("main/eval-*random*")))
+    assert flags["untrained"] is False and flags["ppl_drift"] is False, report["flags"]
+    assert flags["memorisation"] is True and flags["repetition"] is True
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# HF vs GGUF
+
+
+@pytest.mark.slow
+def test_hf_and_f16_gguf_perplexity_agree_within_one_percent(world, tmp_path):
+    from evaluation.backends import GGUFBackend, HFBackend
+    from pretrain.token_shards import load_split
+    from serve.gguf_export import export_gguf
+
+    model_dir = world["models"]["trained"]
+    gguf = tmp_path / "model-f16.gguf"
+    export_gguf(model_dir, gguf)
+    ids = np.asarray(load_split(world["shards"], "test")[0][:3000], dtype=np.int64)
+    hf, ll = HFBackend(model_dir), GGUFBackend(gguf, n_threads=1)
+    try:
+        p_hf, p_ll = hf.perplexity(ids, 64, 32), ll.perplexity(ids, 64, 32)
+        assert p_hf.tokens == p_ll.tokens == len(ids) - 1
+        assert abs(p_ll.ppl / p_hf.ppl - 1) < 0.01, (p_hf.ppl, p_ll.ppl)
+        assert p_hf.ppl < 100  # a trained model: the agreement is not between two uniform guesses
+        # the task primitives agree too: tokenization, greedy generation, answer log-likelihood
+        prompt = hf.encode("The function `load_path` is documented here.")
+        assert ll.encode("The function `load_path` is documented here.") == prompt
+        assert hf.generate(prompt, 8) == ll.generate(prompt, 8)
+        answer = hf.encode(" " + fact("load_path"))
+        assert ll.continuation_logprob(prompt, answer) == pytest.approx(hf.continuation_logprob(prompt, answer), 0.01)
+    finally:
+        ll.close()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# lm-eval
+
+
+@pytest.mark.slow
+def test_lm_eval_domain_task_runs_offline(world, tmp_path, monkeypatch):
+    from evaluation.benchmarks import DOMAIN_TASK, run_benchmarks
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    items = tasks.build_mc_items(qa_pairs(), 4, seed=0)[:8]
+    rows = run_benchmarks(world["models"]["trained"], [DOMAIN_TASK], items, tmp_path / "lm_eval", EvalConfig(), 0)
+    scores = {r["metric"]: r["value"] for r in rows if r["task"] == DOMAIN_TASK}
+    assert 0.0 <= scores["acc"] <= 1.0 and 0.0 <= scores["acc_norm"] <= 1.0 and scores["sample_len"] == 8
+    written = (tmp_path / "lm_eval" / f"{DOMAIN_TASK}.yaml").read_text()
+    assert str((tmp_path / "lm_eval" / f"{DOMAIN_TASK}.jsonl").resolve()) in written
+    assert json.loads((tmp_path / "lm_eval" / "results.json").read_text())["results"][DOMAIN_TASK]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# bad input: one line
+
+
+def forge(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([FORGE, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_bad_input_is_a_one_line_error(world, isolated_runs, tmp_path):
+    use_runs(world, isolated_runs)
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(p) + "\n" for p in qa_pairs()))
+    not_model = tmp_path / "not-a-model"
+    not_model.mkdir()
+    (not_model / "notes.txt").write_text("hello")
+    bad_gguf = tmp_path / "broken.gguf"
+    bad_gguf.write_bytes(b"GGUF" + b"\x00" * 40)
+    empty = isolated_runs / "empty"
+    shutil.copytree(isolated_runs / "main", empty)
+    meta = json.loads((empty / "tokenizer" / "shards" / "meta.json").read_text())
+    meta["splits"]["test"]["documents"] = 0
+    (empty / "tokenizer" / "shards" / "meta.json").write_text(json.dumps(meta))
+
+    env = {**os.environ, "FORGE_RUNS_DIR": str(isolated_runs)}
+    common = ["--set", f"sft.data={tmp_path / 'qa.jsonl'}"]
+    cases = [
+        (["--run", "main", "--target", str(not_model)], "not a model directory"),
+        (["--run", "main", "--target", str(bad_gguf)], "broken.gguf"),
+        (["--run", "empty", "--target", "pretrain"], "test split"),
+        (["--run", "main", "--target", "sft"], "forge sft"),
+        (["--run", "main", "--target", str(tmp_path / "missing")], "not found"),
+    ]
+    for args, expected in cases:
+        out = forge("eval", *common, *args, env=env)
+        assert out.returncode == 2, (args, out.stderr[-2000:])
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], (args, out.stderr[-2000:])
+        assert "Traceback" not in out.stderr
