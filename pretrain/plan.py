@@ -43,6 +43,7 @@ from typing import Any
 from forge import ForgeError
 from forge.config import ForgeConfig, ModelConfig
 from forge.lineage import Stage, atomic_write_json, atomic_write_text, read_manifest, run_dir, run_stage
+from pretrain.hardware import flops_per_token as training_flops_per_token
 from pretrain.model import count_parameters, parameter_breakdown, validate
 
 GIB = 1024**3
@@ -280,8 +281,7 @@ def estimate(cfg: ForgeConfig, hardware: str | None = None, attention: str = "sd
     }  # fmt: skip
 
     # time
-    matmul_params = breakdown["layers"] + vocab * m.hidden_size
-    flops_per_token = 6 * matmul_params + 12 * m.num_layers * m.hidden_size * seq
+    flops_per_token = training_flops_per_token(m, vocab)
     recompute = 8 / 6 if t.gradient_checkpointing else 1.0
     mfu, mfu_source = measured_mfu(cfg)
     if mfu is None:
