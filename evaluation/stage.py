@@ -35,7 +35,7 @@ from evaluation.backends import Backend, HFBackend, is_chat_model, open_backend
 from evaluation.report import write_report
 from forge import ForgeError
 from forge.config import BUILTIN_CORPUS, ForgeConfig
-from forge.lineage import Stage, atomic_write_text, read_manifest, run_dir, run_stage, sha256_tree
+from forge.lineage import Stage, atomic_write_text, completed_manifest, read_manifest, run_dir, run_stage, sha256_tree
 
 log = logging.getLogger("forge.eval")
 
@@ -55,8 +55,7 @@ def resolve_target(cfg: ForgeConfig, target: str) -> tuple[Path, str, Path | Non
     if target in STAGE_TARGETS:
         stage_dir = run_dir(cfg) / target
         model = stage_dir / "model"
-        manifest = read_manifest(stage_dir)
-        if manifest is None or manifest.get("status") != "complete" or not (model / "config.json").is_file():
+        if completed_manifest(stage_dir) is None or not (model / "config.json").is_file():
             raise ForgeError(
                 f"no {target} model at {model} (the {target} stage has not completed); run `forge {target}` with "
                 f"the same --config first, or pass --target PATH"
@@ -93,21 +92,11 @@ def shards_dir(cfg: ForgeConfig) -> Path:
 def qa_input(cfg: ForgeConfig) -> Path | str:
     """The held-out Q&A: the SFT stage's file when it completed, else the definition of the split to rebuild."""
     sft_dir = run_dir(cfg) / "sft"
-    manifest = read_manifest(sft_dir)
-    if manifest and manifest.get("status") == "complete" and (sft_dir / "qa_eval.jsonl").is_file():
+    if completed_manifest(sft_dir) and (sft_dir / "qa_eval.jsonl").is_file():
         return sft_dir / "qa_eval.jsonl"
-    if cfg.sft.data != BUILTIN_CORPUS:
-        path = Path(cfg.sft.data)
-        if not path.is_file():
-            raise ForgeError(f"sft.data={cfg.sft.data!r}: file not found; eval takes its held-out Q&A from it")
-        return path
-    from finetune.qa_builtin import builtin_id
+    from finetune.sft_data import data_input
 
-    pretrain = cfg.data.split if BUILTIN_CORPUS in cfg.data.inputs else None
-    return json.dumps({
-        "qa": builtin_id(), "pretrain_split": pretrain, "eval_fraction": cfg.sft.eval_fraction,
-        "dedup": cfg.data.dedup.model_dump(), "seed": cfg.seed,
-    }, sort_keys=True)  # fmt: skip
+    return data_input(cfg)
 
 
 def load_qa(cfg: ForgeConfig, source: Path | str) -> list[dict[str, Any]]:

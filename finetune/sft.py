@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from finetune.sft_data import Example, guidance, read_jsonl, split_held_out, to_messages
+from finetune.sft_data import Example, data_input, guidance, read_jsonl, split_held_out, to_messages
 from forge import ForgeError
 from forge.config import BUILTIN_CORPUS, ForgeConfig, SFTConfig
 from forge.lineage import Stage, atomic_path, atomic_write_json, atomic_write_text, run_dir, run_stage
@@ -82,19 +82,6 @@ def base_model_dir(cfg: ForgeConfig) -> Path:
         )  # fmt: skip
         raise ForgeError(f"no base model at {base} (config.json missing); {hint}")
     return base
-
-
-def data_input(cfg: ForgeConfig) -> Path | str:
-    """The `data` input of the skip key: the JSONL file (hashed by content) or the builtin set's full identity."""
-    if cfg.sft.data != BUILTIN_CORPUS:
-        path = Path(cfg.sft.data)
-        if not path.is_file():
-            raise ForgeError(f"sft.data={cfg.sft.data!r}: file not found; use a JSONL file or {BUILTIN_CORPUS}")
-        return path
-    from finetune.qa_builtin import builtin_id
-
-    pretrain = cfg.data.split if BUILTIN_CORPUS in cfg.data.inputs else None
-    return json.dumps({"qa": builtin_id(), "pretrain_split": pretrain, "dedup": cfg.data.dedup.model_dump()})
 
 
 def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from forge import ForgeError
-from forge.config import DedupConfig
+from forge.config import BUILTIN_CORPUS, DedupConfig, ForgeConfig
 from pretrain.data.dedup import NearDeduper, candidate_pairs, jaccard, keep_mask, verified_clusters
 
 log = logging.getLogger("forge.sft")
@@ -256,3 +256,20 @@ def split_held_out(
         leaked = set(labels[: len(held_out)].tolist())
         train = [e for e, label in zip(train, labels[len(held_out) :], strict=True) if label not in leaked]
     return train, held_out
+
+
+def data_input(cfg: ForgeConfig) -> Path | str:
+    """The Q&A data's identity for a skip key (SFT's and eval's): the JSONL file (hashed by content), or everything
+    that decides the builtin set and its held-out split."""
+    if cfg.sft.data != BUILTIN_CORPUS:
+        path = Path(cfg.sft.data)
+        if not path.is_file():
+            raise ForgeError(f"sft.data={cfg.sft.data!r}: file not found; use a JSONL file or {BUILTIN_CORPUS}")
+        return path
+    from finetune.qa_builtin import builtin_id
+
+    pretrain = cfg.data.split if BUILTIN_CORPUS in cfg.data.inputs else None
+    return json.dumps({
+        "qa": builtin_id(), "pretrain_split": pretrain, "eval_fraction": cfg.sft.eval_fraction,
+        "dedup": cfg.data.dedup.model_dump(), "seed": cfg.seed,
+    }, sort_keys=True)  # fmt: skip
