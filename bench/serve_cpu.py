@@ -71,25 +71,15 @@ WORDS = [
 def random_model_dir(config: str, dest: Path) -> Path:
     """A random-init model of `config` with a small tokenizer padded to its vocabulary (see the module doc)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from pretrain.model import build_model
-    from pretrain.tokenizer import all_special_tokens, pre_tokenizer, save_tokenizer
+    from pretrain.tokenizer import save_tokenizer, train_bpe
 
     cfg = load_config(config)
     rng = random.Random(0)
     docs = [" ".join(rng.choices(WORDS, k=200)) for _ in range(200)]
-    tcfg = TokenizerConfig(vocab_size=400, min_frequency=2)
-    tok = Tokenizer(models.BPE(unk_token=tcfg.special_tokens[1]))
-    tok.pre_tokenizer = pre_tokenizer()
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=all_special_tokens(tcfg),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(docs, trainer=trainer)
+    tcfg = TokenizerConfig(vocab_size=320, min_frequency=2)  # what 30 random words support (~335 tokens)
+    tok = train_bpe(docs, tcfg)
     dest.mkdir(parents=True, exist_ok=True)
     save_tokenizer(tok, tcfg, dest)
     torch.manual_seed(0)

@@ -29,7 +29,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +184,11 @@ def check_corpus_capacity(shards: list[Path], tcfg: TokenizerConfig) -> None:
 
 def train_tokenizer(shards: list[Path], tcfg: TokenizerConfig) -> Tokenizer:
     """Train the byte-level BPE on the train shards, streaming, and check it reached the requested size."""
+    return train_bpe(train_texts(shards, tcfg.max_train_docs), tcfg)
+
+
+def train_bpe(texts: Iterable[str] | Iterable[list[str]], tcfg: TokenizerConfig) -> Tokenizer:
+    """Train Forge's byte-level BPE on texts (or batches of texts); the checks below hold for every caller."""
     specials = all_special_tokens(tcfg)
     tokenizer = Tokenizer(models.BPE(unk_token=tcfg.special_tokens[1]))
     tokenizer.pre_tokenizer = pre_tokenizer()
@@ -195,7 +200,7 @@ def train_tokenizer(shards: list[Path], tcfg: TokenizerConfig) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, seen in train or not
         show_progress=False,
     )
-    tokenizer.train_from_iterator(train_texts(shards, tcfg.max_train_docs), trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
     got = tokenizer.get_vocab_size()
     if got < tcfg.vocab_size:
         raise ForgeError(

@@ -71,19 +71,10 @@ def qa_pairs() -> list[dict[str, str]]:
 
 
 def train_tokenizer(texts: list[str], dest: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from pretrain.tokenizer import all_special_tokens, pre_tokenizer, save_tokenizer
+    from pretrain.tokenizer import save_tokenizer, train_bpe
 
     tcfg = TokenizerConfig(vocab_size=384, min_frequency=2)
-    tok = Tokenizer(models.BPE(unk_token=tcfg.special_tokens[1]))
-    tok.pre_tokenizer = pre_tokenizer()
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=tcfg.vocab_size, min_frequency=2, special_tokens=all_special_tokens(tcfg),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok = train_bpe(texts, tcfg)
     dest.mkdir(parents=True, exist_ok=True)
     save_tokenizer(tok, tcfg, dest)
     return tok

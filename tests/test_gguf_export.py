@@ -118,22 +118,10 @@ def generated_docs(n: int, seed: int = 0) -> list[str]:
 
 def make_tokenizer_dir(dest: Path, vocab_size: int = 640) -> Path:
     """A byte-level BPE trained like pretrain/tokenizer.py does, saved as a transformers tokenizer directory."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from pretrain.tokenizer import all_special_tokens, pre_tokenizer, save_tokenizer
+    from pretrain.tokenizer import save_tokenizer, train_bpe
 
     tcfg = TokenizerConfig(vocab_size=vocab_size, min_frequency=2)
-    tok = Tokenizer(models.BPE(unk_token=tcfg.special_tokens[1]))
-    tok.pre_tokenizer = pre_tokenizer()
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        special_tokens=all_special_tokens(tcfg),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(generated_docs(400), trainer=trainer)
+    tok = train_bpe(generated_docs(400), tcfg)
     dest.mkdir(parents=True, exist_ok=True)
     save_tokenizer(tok, tcfg, dest)
     return dest

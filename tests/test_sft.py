@@ -30,26 +30,14 @@ CONVERSATION = [
 @pytest.fixture(scope="module")
 def tiny_base(tmp_path_factory) -> Path:
     """An HF model directory like the pretrain stage exports: tiny llama + Forge tokenizer + chat template."""
-    from tokenizers import Tokenizer, decoders, models, trainers
-
     from pretrain.data.stdlib_corpus import iter_stdlib_records
     from pretrain.model import build_model
-    from pretrain.tokenizer import all_special_tokens, pre_tokenizer, save_tokenizer
+    from pretrain.tokenizer import save_tokenizer, train_bpe
 
     out = tmp_path_factory.mktemp("base") / "model"
     out.mkdir()
     tcfg = TokenizerConfig(vocab_size=512)
-    texts = [r["text"] for r in itertools.islice(iter_stdlib_records(), 400)]
-    tok = Tokenizer(models.BPE(unk_token=tcfg.special_tokens[1]))
-    tok.pre_tokenizer = pre_tokenizer()
-    tok.decoder = decoders.ByteLevel()
-    from tokenizers import pre_tokenizers
-
-    trainer = trainers.BpeTrainer(
-        vocab_size=tcfg.vocab_size, min_frequency=2, special_tokens=all_special_tokens(tcfg),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok = train_bpe([r["text"] for r in itertools.islice(iter_stdlib_records(), 400)], tcfg)
     save_tokenizer(tok, tcfg, out)
     mcfg = ModelConfig(hidden_size=64, num_layers=2, num_attention_heads=2, intermediate_size=128, context_length=256)
     torch.manual_seed(0)
