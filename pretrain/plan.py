@@ -42,7 +42,7 @@ from typing import Any
 
 from forge import ForgeError
 from forge.config import ForgeConfig, ModelConfig
-from forge.lineage import Stage, atomic_write_json, atomic_write_text, read_manifest, run_dir, run_stage
+from forge.lineage import Stage, atomic_write_json, atomic_write_text, completed_manifest, run_dir, run_stage
 from pretrain.hardware import flops_per_token as training_flops_per_token
 from pretrain.model import count_parameters, parameter_breakdown, validate
 
@@ -198,17 +198,14 @@ def memory_estimate(m: ModelConfig, vocab: int, hw: Hardware, precision: str, mi
 
 def tokenizer_metrics(cfg: ForgeConfig) -> dict[str, Any]:
     """The metrics of the run's complete tokenizer stage, or {} when it has not run."""
-    manifest = read_manifest(run_dir(cfg) / "tokenizer")
-    if not manifest or manifest.get("status") != "complete":
-        return {}
-    return manifest.get("metrics", {}) or {}
+    manifest = completed_manifest(run_dir(cfg) / "tokenizer")
+    return (manifest or {}).get("metrics") or {}
 
 
 def measured_mfu(cfg: ForgeConfig) -> tuple[float | None, str]:
     """The MFU the run's pretrain stage measured (metric "mfu" in its manifest), when it has one."""
-    manifest = read_manifest(run_dir(cfg) / "pretrain")
-    value = ((manifest or {}).get("metrics") or {}).get("mfu")
-    if manifest and manifest.get("status") == "complete" and isinstance(value, (int, float)) and 0 < value <= 1:
+    value = ((completed_manifest(run_dir(cfg) / "pretrain") or {}).get("metrics") or {}).get("mfu")
+    if isinstance(value, (int, float)) and 0 < value <= 1:
         return float(value), "measured by the pretrain stage"
     return None, ""
 
