@@ -14,14 +14,14 @@ eval.json (format "forge-eval/1"):
 
 from __future__ import annotations
 
-import html
 import json
-import math
 from pathlib import Path
 from typing import Any
 
+from forge import render
 from forge.config import ForgeConfig
-from forge.lineage import atomic_path, atomic_write_json, atomic_write_text
+from forge.lineage import atomic_write_json, atomic_write_text
+from forge.render import fmt
 
 FORMAT = "forge-eval/1"
 DOMAIN = [  # (metric, higher is better, key path in a measure() result)
@@ -97,25 +97,9 @@ def build_eval(
 # plots
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.4g}" if math.isfinite(value) else str(value)
-    if isinstance(value, dict):
-        return ", ".join(f"{k} {_fmt(v)}" for k, v in value.items())
-    return str(value)
-
-
 def plot_domain(report: dict[str, Any], out: Path) -> bool:
     """Bars: the model against its random-init twin (and chance) on every domain metric."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = render.pyplot()
     rows = [m for m in report["metrics"] if m["group"] == "domain" and m["higher_is_better"] is not None]
     if not rows:
         return False
@@ -134,9 +118,7 @@ def plot_domain(report: dict[str, Any], out: Path) -> bool:
         ax.set_title(f"{m['name']} ({'higher' if m['higher_is_better'] else 'lower'} is better)", fontsize=8)
         ax.tick_params(labelsize=7)
     fig.tight_layout()
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    render.save_figure(fig, out)
     return True
 
 
@@ -145,11 +127,7 @@ def plot_history(flag: dict[str, Any], out: Path) -> bool:
     history = flag.get("history")
     if not history:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = render.pyplot()
     fig, ax = plt.subplots(figsize=(6, 3))
     steps = [h["step"] for h in history]
     ax.plot(steps, [h["val_ppl"] for h in history], "o-", markersize=3, label="val perplexity")
@@ -160,9 +138,7 @@ def plot_history(flag: dict[str, Any], out: Path) -> bool:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    render.save_figure(fig, out)
     return True
 
 
@@ -178,20 +154,20 @@ def sections(report: dict[str, Any], plots: list[str]) -> list[tuple[str, list[s
     summary = [["artifact", art["path"]], ["kind", art["kind"]], ["sha256", art["sha256"]],
                ["prompting", prompting], ["red flags", verdict]]  # fmt: skip
     domain = [
-        [m["name"], _fmt(m["value"]), _fmt(m.get("random_init")), _fmt(m.get("chance")),
+        [m["name"], fmt(m["value"]), fmt(m.get("random_init")), fmt(m.get("chance")),
          "" if m["higher_is_better"] is None else ("higher" if m["higher_is_better"] else "lower"),
          _beats(m)]
         for m in report["metrics"] if m["group"] == "domain"
     ]  # fmt: skip
-    flags = [[f["name"], {True: "pass", False: "FAIL", None: "n/a"}[f["passed"]], _fmt(f["value"]),
-              _fmt(f["threshold"]), f["evidence"]] for f in report["flags"]]  # fmt: skip
+    flags = [[f["name"], {True: "pass", False: "FAIL", None: "n/a"}[f["passed"]], fmt(f["value"]),
+              fmt(f["threshold"]), f["evidence"]] for f in report["flags"]]  # fmt: skip
     out = [
         ("Summary", ["", ""], summary),
         ("Domain metrics", ["metric", "model", "random init", "chance", "better", "model beats random init"], domain),
         ("Red flags", ["flag", "result", "value", "threshold", "evidence"], flags),
     ]
     if report["benchmarks"]:
-        bench = [[b["task"], b["metric"], _fmt(b["value"]), _fmt(b.get("stderr"))] for b in report["benchmarks"]]
+        bench = [[b["task"], b["metric"], fmt(b["value"]), fmt(b.get("stderr"))] for b in report["benchmarks"]]
         out.append(("Benchmarks (lm-evaluation-harness)", ["task", "metric", "value", "stderr"], bench))
     out.append(("Generations (seeded samples)", ["seed", "prompt", "generation"],
                 [[str(s["seed"]), s["prompt"], s["text"]] for s in report["samples"]]))  # fmt: skip
@@ -205,38 +181,12 @@ def _beats(m: dict[str, Any]) -> str:
     return "yes" if better else "no"
 
 
-def _md_cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", "⏎")
-
-
 def to_markdown(report: dict[str, Any], plots: list[str]) -> str:
-    lines = [f"# Evaluation: {report['artifact']['path']}", ""]
-    for title, header, rows in sections(report, plots):
-        lines += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
-        lines.append("")
-    if plots:
-        lines += ["## Plots", "", *(f"![{Path(p).stem}]({p})" for p in plots), ""]
-    return "\n".join(lines)
+    return render.to_markdown(f"Evaluation: {report['artifact']['path']}", sections(report, plots), plots)
 
 
 def to_html(report: dict[str, Any], plots: list[str]) -> str:
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>Forge eval</title><style>"
-        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1.5em}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;white-space:pre-wrap}</style></head><body>",
-        f"<h1>Evaluation: {html.escape(report['artifact']['path'])}</h1>",
-    ]
-    for title, header, rows in sections(report, plots):
-        parts.append(f"<h2>{html.escape(title)}</h2><table><tr>")
-        parts += [f"<th>{html.escape(h)}</th>" for h in header]
-        parts.append("</tr>")
-        for row in rows:
-            parts.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>")
-        parts.append("</table>")
-    parts += [f"<h2>{html.escape(Path(p).stem)}</h2><img src='{html.escape(p)}'>" for p in plots]
-    parts.append("</body></html>\n")
-    return "".join(parts)
+    return render.to_html(f"Evaluation: {report['artifact']['path']}", sections(report, plots), plots)
 
 
 def write_report(stage_dir: Path, *, cfg: ForgeConfig, **kwargs: Any) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any
 import xxhash
 
 from forge.config import DedupConfig
-from pretrain.data.stdlib_corpus import corpus_id, iter_stdlib_records
+from pretrain.data.stdlib_corpus import corpus_id, docstring, iter_stdlib_records
 
 QA_VERSION = "1"  # bump when the generated pairs change: it is part of the sft stage's skip key
 QA_HASH_SEED = 0x5F7  # the object hash of the held-out split (independent of the data stage's split hash)
@@ -148,7 +148,7 @@ def _generate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         name, kind = record["meta"]["object"], record["meta"]["kind"]
         if kind != "topic" and not is_public(name):
             continue
-        summary, details = summary_and_details(record["text"])
+        summary, details = summary_and_details(docstring(record))
         if summary is None:
             continue
         shown = name if kind != "topic" else f'"{name}"'

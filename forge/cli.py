@@ -24,7 +24,7 @@ from typer.core import TyperGroup
 from forge import ForgeError, NotBuiltYet
 from forge.config import ForgeConfig, load_config
 from forge.lineage import runs_root, stage_states
-from forge.stages import PIPELINE, RUN_LAYOUT, STAGES
+from forge.stages import RUN_LAYOUT, STAGES
 
 
 class StageOrder(TyperGroup):
@@ -114,6 +114,27 @@ def plan_verb(
     """Parameters, token budget, memory per GPU, OOM verdict, time and disk: before anything runs."""
     manifest = run_verb("plan", config, set_, run, force, hardware=hardware)
     typer.echo(json.dumps(manifest["plan"], indent=2) if as_json else manifest["plan_text"].rstrip("\n"))
+
+
+DEDICATED_VERBS |= {"data"}
+
+
+@app.command("data")
+def data_verb(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run: RunOpt = None,
+    force: ForceOpt = False,
+    executor: Annotated[Optional[str], typer.Option(
+        "--executor", help="local (this machine's process pool) or ray (Ray Data); default: data.executor.")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", help="Ray cluster address (HOST:6379 or ray://HOST:10001); default: data.ray_address, "
+        "else a local Ray instance.")] = None,
+) -> None:  # fmt: skip
+    """Ingest, split 98:1:1, clean, deduplicate, report what was removed."""
+    extra = [f"data.executor={executor}"] if executor else []
+    extra += [f"data.ray_address={ray_address}"] if ray_address else []
+    run_verb("data", config, [*(set_ or []), *extra], run, force)
 
 
 @app.command("eval")
@@ -251,25 +272,25 @@ for _name in STAGES:
 
 
 @app.command()
-def pipeline(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, force: ForceOpt = False) -> None:
-    """Run every stage in order, skipping those whose inputs are unchanged."""
+def pipeline(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run: RunOpt = None,
+    force: ForceOpt = False,
+    no_serve: Annotated[bool, typer.Option(
+        "--no-serve", help="Stop after the gate and the report card (default: serve the promoted model and open the "
+        "chat UI).")] = False,
+) -> None:  # fmt: skip
+    """Run every stage in order (unchanged ones are skipped), write the report card, then serve and chat."""
+    from forge import pipeline as lifecycle
+
     with user_errors():
         cfg = resolve_config(config, set_, run)
-        missing = [name for name, _ in PIPELINE if not STAGES[name].built]
-        for name, options in PIPELINE:
-            spec = STAGES[name]
-            if not spec.built:
-                continue
-            typer.echo(f"== {name} {' '.join(f'{k}={v}' for k, v in options.items())}".rstrip())
-            spec.load()(cfg, force=force, **options)
-        if missing:
-            typer.echo(
-                "pipeline ran every built stage; not built yet: "
-                + ", ".join(f"{n} (issue #{STAGES[n].issue})" for n in dict.fromkeys(missing))
-            )
-        # Serving from the pipeline itself is issue #12; until then, say how to reach the chat.
-        where = f"--config {config}" if config else ""
-        typer.echo(f"pipeline done; chat with the production model: forge serve {where} & forge chat {where}")
+        try:
+            lifecycle.run(cfg, force=force, serve=not no_serve, echo=typer.echo)
+        except lifecycle.PipelineStopped as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(1) from None
 
 
 @app.command()

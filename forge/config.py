@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -28,6 +28,9 @@ class Section(BaseModel):
     """Base of every config section: unknown keys are errors, assignments are validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Fields that change how a stage runs but not what it produces (worker counts, executors): left out of the skip
+    # key, so moving a run to more cores or to a cluster does not redo finished work.
+    EXECUTION_ONLY: ClassVar[frozenset[str]] = frozenset()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -85,6 +88,8 @@ class DedupConfig(Section):
 
 
 class DataConfig(Section):
+    EXECUTION_ONLY = frozenset({"workers", "executor", "ray_address"})  # the same documents come out either way
+
     inputs: list[str] = [BUILTIN_CORPUS]
     text_field: str = "text"  # the text column of .jsonl / .parquet inputs
     split: dict[Literal["train", "val", "test"], float] = {"train": 0.98, "val": 0.01, "test": 0.01}
@@ -105,6 +110,16 @@ class DataConfig(Section):
     max_doc_bytes: int = Field(10_000_000, ge=1)
     shard_docs: int = Field(50_000, ge=1)
     workers: int = Field(0, ge=0)  # 0: one per core
+    executor: Literal["local", "ray"] = Field(
+        "local",
+        description="Where the per-record passes and LSH banding run: this machine's process pool (local) or Ray "
+        "Data (ray: a cluster at data.ray_address, or a local Ray instance of data.workers CPUs). Same output.",
+    )
+    ray_address: str | None = Field(
+        None,
+        description="The Ray cluster to connect to (ray://host:10001 or host:6379, as ray.init takes it); None: "
+        "start a local Ray instance for this run. Only read with data.executor=ray.",
+    )
 
     @model_validator(mode="after")
     def _split_sums_to_one(self) -> DataConfig:
@@ -331,6 +346,11 @@ class ServeConfig(Section):
 class PlanConfig(Section):
     hardware: str = "cpu"  # a known profile (see `forge plan --help`) or "custom"
     num_gpus: int = Field(1, ge=1)
+    sharding: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="How the training state spreads over plan.num_gpus: ddp (every GPU holds all of it) or fsdp "
+        "(FSDP/ZeRO-3: weights, gradients and AdamW states sharded num_gpus ways, one layer gathered at a time).",
+    )
     memory_gb: float | None = Field(None, gt=0)  # custom profile
     peak_tflops: float | None = Field(None, gt=0)  # custom profile
     mfu: float = Field(0.4, gt=0, le=1)
@@ -357,7 +377,10 @@ class ForgeConfig(Section):
 
     def section_hash(self, *sections: str) -> str:
         """sha256 of the named sections (plus the seed), the config part of a stage's skip key."""
-        payload = {name: getattr(self, name).model_dump(mode="json") for name in sections}
+        payload = {}
+        for name in sections:
+            section = getattr(self, name)
+            payload[name] = section.model_dump(mode="json", exclude=set(section.EXECUTION_ONLY))
         payload["seed"] = self.seed
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 

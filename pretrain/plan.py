@@ -4,7 +4,7 @@
     forge plan --config configs/1b.yaml --hardware rtx4090 --json
     forge plan --config configs/350m.yaml --set plan.hardware=custom --set plan.memory_gb=48 --set plan.peak_tflops=180
 
-The estimate, per GPU (plain data parallelism: every GPU holds the whole training state):
+The estimate, per GPU (plan.sharding=ddp: every GPU holds the whole training state; fsdp: see the last point):
 
 * Training state, bytes per parameter. fp32: weights 4 + gradients 4 + AdamW m and v 8 = 16. Mixed precision
   the way torch autocast (and so Accelerate) does it: the parameters stay fp32 and are the master copy (4), autocast
@@ -27,6 +27,11 @@ The estimate, per GPU (plain data parallelism: every GPU holds the whole trainin
   tensors are gone (the recomputed layer counts only where it is larger than them).
 * Time: 6*N + 12*L*h*s flops per token (Kaplan et al. 2020, PaLM's attention term), N the matmul parameters,
   at an assumed model-flops utilisation (plan.mfu); checkpointing recomputes the forward (x 8/6).
+* Sharding (plan.sharding=fsdp, FSDP / ZeRO-3 over plan.num_gpus): each GPU keeps 1/num_gpus of the fp32
+  weights, gradients and AdamW states; the 16-bit compute copies exist only for the wrap unit being computed (a
+  decoder layer, or the embeddings and head), gathered with the next one prefetched, plus that unit's full fp32
+  gradient before its reduce-scatter: unit x (2 x 2 + 4) bytes mixed, unit x (2 x 4 + 4) fp32. Activations are
+  not sharded (they scale with the micro-batch, as under DDP).
 * Disk: about 4 bytes of raw text per token (10B tokens ~ 40 GB), token shards 2 bytes per token (uint16 ids
   while the vocabulary is below 65,536), a resumable checkpoint 4 (fp32 weights) + 8 (AdamW) bytes per parameter.
 """
@@ -176,9 +181,17 @@ def activation_breakdown(m: ModelConfig, vocab: int, b: int, s: int, precision: 
             "loss_backward_transient": float(transient)}  # fmt: skip
 
 
+def fsdp_unit_bytes(m: ModelConfig, vocab: int, precision: str) -> float:
+    """FSDP's gathered buffers: the largest wrap unit's compute copy twice (current + prefetch), its fp32 grads."""
+    parts = parameter_breakdown(m, vocab)
+    unit = max(parts["layers"] / m.num_layers, parts["embeddings"] + parts["output_head"] + parts["final_norm"])
+    return float(unit * (2 * (4 if precision == "fp32" else 2) + 4))
+
+
 def memory_estimate(m: ModelConfig, vocab: int, hw: Hardware, precision: str, micro_batch: int, seq: int,
-                    checkpointing: bool, attention: str = "sdpa") -> dict[str, Any]:  # fmt: skip
-    """Peak memory per device, in bytes, split by part."""
+                    checkpointing: bool, attention: str = "sdpa",
+                    shards: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Peak memory per device, in bytes, split by part; `shards`: FSDP over that many GPUs (None: DDP)."""
     n = count_parameters(m, vocab)
     per_param = state_bytes_per_param(precision)
     state = {k: float(v * n) for k, v in per_param.items()}
@@ -186,10 +199,16 @@ def memory_estimate(m: ModelConfig, vocab: int, hw: Hardware, precision: str, mi
         # autocast's bf16 weight copies live one layer at a time when the layers are recomputed
         layers_params = parameter_breakdown(m, vocab)["layers"]
         state["weights"] = 2.0 * (n - layers_params + layers_params / m.num_layers)
+    gathered = 0.0
+    if shards is not None:
+        # the fp32 state is split; 16-bit copies exist only in the gathered unit (counted below)
+        state = {k: (0.0 if k == "weights" and precision != "fp32" else v / shards) for k, v in state.items()}
+        gathered = fsdp_unit_bytes(m, vocab, precision)
     acts = activation_breakdown(m, vocab, micro_batch, seq, precision, checkpointing, attention, hw.kind)
     overhead = hw.overhead_gib * GIB
-    total = sum(state.values()) + sum(acts.values()) + overhead
-    return {"parameters": n, "state": state, "activations": acts, "overhead": overhead, "total": total}
+    total = sum(state.values()) + sum(acts.values()) + overhead + gathered
+    return {"parameters": n, "state": state, "activations": acts, "overhead": overhead, "fsdp_gathered": gathered,
+            "total": total}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -260,13 +279,22 @@ def estimate(cfg: ForgeConfig, hardware: str | None = None, attention: str = "sd
 
     # memory
     usable = hw.memory_gib * GIB * HEADROOM
-    configured = memory_estimate(m, vocab, hw, precision, t.micro_batch_size, seq, t.gradient_checkpointing, attention)
-    without = memory_estimate(m, vocab, hw, precision, t.micro_batch_size, seq, False, attention)
-    with_ckpt = memory_estimate(m, vocab, hw, precision, t.micro_batch_size, seq, True, attention)
+    shards = p.num_gpus if p.sharding == "fsdp" else None
+    mb, ckpt = t.micro_batch_size, t.gradient_checkpointing
+    configured = memory_estimate(m, vocab, hw, precision, mb, seq, ckpt, attention, shards)
+    without = memory_estimate(m, vocab, hw, precision, mb, seq, False, attention, shards)
+    with_ckpt = memory_estimate(m, vocab, hw, precision, mb, seq, True, attention, shards)
+    by_sharding = {
+        "ddp": memory_estimate(m, vocab, hw, precision, mb, seq, ckpt, attention)["total"],
+        "fsdp": memory_estimate(m, vocab, hw, precision, mb, seq, ckpt, attention, p.num_gpus)["total"],
+    }
     fits = configured["total"] <= usable
-    advice = _advice(m, vocab, hw, precision, seq, t.micro_batch_size, t.grad_accum_steps,
-                     t.gradient_checkpointing, usable, attention, fits)  # fmt: skip
+    advice = _advice(m, vocab, hw, precision, seq, mb, t.grad_accum_steps, ckpt, usable, attention, fits, shards)
+    if not fits and p.sharding == "ddp" and p.num_gpus > 1 and by_sharding["fsdp"] <= usable:
+        advice.insert(0, f"plan.sharding=fsdp (FSDP over the {p.num_gpus} GPUs): {by_sharding['fsdp'] / GIB:.1f} GiB "
+                         f"per GPU of {usable / GIB:.1f} usable, same batch")  # fmt: skip
     memory = {
+        "sharding": p.sharding, "num_gpus": p.num_gpus, "total_by_sharding": by_sharding,
         "precision": precision, "micro_batch_size": t.micro_batch_size,
         "gradient_checkpointing": t.gradient_checkpointing,
         "attention": attention, "device_gib": hw.memory_gib, "usable_gib": usable / GIB, **configured,
@@ -318,12 +346,12 @@ def estimate(cfg: ForgeConfig, hardware: str | None = None, attention: str = "sd
 
 
 def _advice(m: ModelConfig, vocab: int, hw: Hardware, precision: str, seq: int, mb: int, accum: int, ckpt: bool,
-            usable: float, attention: str, fits: bool) -> list[str]:  # fmt: skip
+            usable: float, attention: str, fits: bool, shards: int | None = None) -> list[str]:  # fmt: skip
     """What to change so the run fits (or what headroom is left)."""
     global_seqs = mb * accum
 
     def total(micro: int, checkpointing: bool) -> float:
-        return memory_estimate(m, vocab, hw, precision, micro, seq, checkpointing, attention)["total"]
+        return memory_estimate(m, vocab, hw, precision, micro, seq, checkpointing, attention, shards)["total"]
 
     def largest_micro(checkpointing: bool) -> int:
         best = 0
@@ -352,7 +380,7 @@ def _advice(m: ModelConfig, vocab: int, hw: Hardware, precision: str, seq: int, 
                 f"{total(micro, checkpointing) / GIB:.1f} GiB of {usable / GIB:.1f} usable"
             )
     if not advice:
-        state_per_param = sum(state_bytes_per_param(precision).values())
+        state_per_param = sum(state_bytes_per_param(precision).values()) / (shards or 1)
         spare = (
             usable
             - hw.overhead_gib * GIB
@@ -410,7 +438,8 @@ def render_text(plan: dict[str, Any]) -> str:
         "",
         f"memory      per device, {mem['precision']}{' (torch autocast mixed precision)' if mixed else ''}, "
         f"micro-batch {mem['micro_batch_size']} x {m['context_length']} tokens, "
-        f"gradient checkpointing {'on' if mem['gradient_checkpointing'] else 'off'}",
+        f"gradient checkpointing {'on' if mem['gradient_checkpointing'] else 'off'}"
+        + (f", FSDP state sharded {mem['num_gpus']} ways" if mem["sharding"] == "fsdp" else ""),
         f"  weights            {_gib(st['weights'])}  ({'bf16 copies autocast keeps' if mixed else 'fp32'})",
         f"  gradients          {_gib(st['gradients'])}  (fp32)",
         f"  AdamW m + v        {_gib(st['adamw_states'])}  (fp32)",
@@ -422,6 +451,9 @@ def render_text(plan: dict[str, Any]) -> str:
         f"{_gib(act['embeddings_and_norm'])})",
         f"     without / with gradient checkpointing: {_gib(mem['activations_without_checkpointing'])} / "
         f"{_gib(mem['activations_with_checkpointing'])}",
+        f"  FSDP gathered unit {_gib(mem['fsdp_gathered'])}  (one layer's 16-bit copy + prefetch, its fp32 grads)"
+        if mem["fsdp_gathered"]
+        else None,
         f"  runtime overhead   {_gib(mem['overhead'])}  (CUDA context, workspaces)" if mem["overhead"] else None,
         f"  = peak             {_gib(mem['total'])} of {mem['device_gib']:g} GiB "
         f"({_gib(mem['usable_gib'] * GIB)} usable at {HEADROOM:.0%})",
@@ -429,6 +461,8 @@ def render_text(plan: dict[str, Any]) -> str:
         f"  (without checkpointing {_gib(mem['total_without_checkpointing'])}, with "
         f"{_gib(mem['total_with_checkpointing'])})",
         *[f"  -> {a}" for a in mem["advice"]],
+        f"sharding    {mem['sharding']} over {mem['num_gpus']} GPU(s); peak per GPU under ddp "
+        f"{_gib(mem['total_by_sharding']['ddp'])}, under fsdp {_gib(mem['total_by_sharding']['fsdp'])}",
         "",
         f"time        {tm['hours']:.1f} h for {_count(tok['planned'])} tokens at MFU {tm['mfu']:.0%} of "
         f"{tm['peak_tflops']:g} TFLOP/s x{tm['num_gpus']} ({_count(tm['tokens_per_second'])} tokens/s, "

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from forge import ForgeError
+from forge import ForgeError, render
 from forge.config import ForgeConfig, TrainConfig
 from forge.lineage import Stage, atomic_path, atomic_write_json, atomic_write_text, read_manifest, run_dir, run_stage
 from pretrain import checkpoint as ckpt
@@ -128,7 +128,16 @@ def make_accelerator(tcfg: TrainConfig):
     # Accelerate keeps one precision per process; a second stage in the same process (pipeline, tests) may need
     # another. This clears the precision only: the distributed setup (PartialState) stays.
     AcceleratorState._reset_state(reset_partial_state=False)
-    return Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
+    accelerator = Accelerator(
+        mixed_precision=mixed, cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False
+    )
+    if accelerator.distributed_type == "FSDP":
+        # checkpoints, the best weights and the export save unsharded tensors; under FSDP they would hold shards
+        raise ForgeError(
+            "accelerate launch with FSDP: forge pretrain trains data-parallel only (its checkpoints hold whole "
+            "tensors); launch without --use_fsdp (FSDP's memory per GPU: forge plan --set plan.sharding=fsdp)"
+        )
+    return accelerator
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -472,11 +481,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def plot_curves(metrics: Path, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = render.pyplot()
     records = read_records(metrics)
     train = [(r["step"], r["loss"]) for r in records if "loss" in r and math.isfinite(r["loss"])]
     val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r and math.isfinite(r["val_loss"])]
@@ -497,9 +502,7 @@ def plot_curves(metrics: Path, out: Path) -> None:
     ax_lr.set_xlabel("step")
     ax_lr.grid(alpha=0.3)
     fig.tight_layout()
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    render.save_figure(fig, out)
 
 
 def export(best_dir: Path, out: Path, cfg: ForgeConfig, vocab: int, ids: dict[str, int], tok_dir: Path) -> None:

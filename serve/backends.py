@@ -2,6 +2,10 @@
 GPU. Each backend is started, judged ready only after a REAL chat completion succeeds (vLLM with a bad head dim
 passes /health and fails on the first request), and stopped cleanly (SIGTERM, then SIGKILL).
 
+vLLM pins its own torch and transformers, so it usually lives in a venv of its own: FORGE_VLLM_PYTHON names that
+venv's python (`make test-vllm` builds one), FORGE_VLLM_ARGS adds server flags (on the CPU build:
+`--enforce-eager --dtype float32 --gpu-memory-utilization 0.2`, with VLLM_CPU_KVCACHE_SPACE=1).
+
     with Backend(llamacpp_command(gguf, port=8080, alias="forge-model"), port=8080, alias="forge-model") as b:
         print(b.base_url)   # http://127.0.0.1:8080/v1
 """
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -39,10 +44,32 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _vllm_importable() -> bool:
-    import importlib.util
+VLLM_PYTHON_ENV = "FORGE_VLLM_PYTHON"
+VLLM_ARGS_ENV = "FORGE_VLLM_ARGS"
+_FIND_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
 
-    return importlib.util.find_spec("vllm") is not None
+
+def vllm_python() -> str:
+    """The python that runs the vLLM server: $FORGE_VLLM_PYTHON (a venv of its own), else this one."""
+    python = os.environ.get(VLLM_PYTHON_ENV)
+    if not python:
+        return sys.executable
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise ForgeError(f"{VLLM_PYTHON_ENV}={python} is not an executable python (`make test-vllm` builds one)")
+    return python
+
+
+def _vllm_importable() -> bool:
+    """Whether vllm_python() can import vllm (asked without importing it: that takes seconds)."""
+    if not os.environ.get(VLLM_PYTHON_ENV):
+        import importlib.util
+
+        return importlib.util.find_spec("vllm") is not None
+    try:
+        found = subprocess.run([vllm_python(), "-c", _FIND_VLLM], capture_output=True, timeout=60)
+    except (ForgeError, OSError, subprocess.TimeoutExpired):
+        return False
+    return found.returncode == 0
 
 
 def llamacpp_command(
@@ -85,9 +112,10 @@ def vllm_command(
     python: str | None = None,
     extra: list[str] | None = None,
 ) -> list[str]:
-    """The vLLM OpenAI server (the module form: the `vllm` CLI breaks when the dist is named vllm-cpu)."""
+    """The vLLM OpenAI server (the module form: the `vllm` CLI breaks when the dist is named vllm-cpu), run by
+    `python`, else vllm_python(); $FORGE_VLLM_ARGS (shell-quoted) goes after the flags built here, then `extra`."""
     cmd = [
-        python or sys.executable,
+        python or vllm_python(),
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
@@ -105,7 +133,7 @@ def vllm_command(
         cmd += ["--max-model-len", str(max_model_len)]
     if fp8:
         cmd += ["--quantization", "fp8"]
-    return cmd + list(extra or [])
+    return cmd + shlex.split(os.environ.get(VLLM_ARGS_ENV, "")) + list(extra or [])
 
 
 class Backend:

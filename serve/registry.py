@@ -32,7 +32,7 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -315,6 +315,12 @@ def promote_run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
         raise ForgeError(f"no {run_dir(cfg)}/register/version.json: run `forge register` first")
     decision = promote(cfg, cfg.registry.model_name, version)
     print(decision.table())
+    # For the run's report card: the decision this run got, pass or refuse (the audit log keeps all of them).
+    atomic_write_json(run_dir(cfg) / "promote" / "decision.json", {
+        "name": decision.name, "version": decision.version, "passed": decision.passed,
+        "previous": decision.previous, "policy_sha256": decision.policy_sha256,
+        "checks": [asdict(c) for c in decision.checks],
+    })  # fmt: skip
     if not decision.passed:
         raise GateRefused(
             f"{decision.name} v{decision.version} refused by the gate: {', '.join(gate.failing(decision.checks))}"

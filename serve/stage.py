@@ -163,7 +163,7 @@ def run(
     if not block:
         info["server"] = server
         return info
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` and Ctrl-C both stop the server cleanly
+    previous = signal.signal(signal.SIGTERM, interrupt)  # `kill` and Ctrl-C both stop the server cleanly
     try:
         code = server.wait()
     except KeyboardInterrupt:
@@ -176,7 +176,7 @@ def run(
     return info
 
 
-def _interrupt(signum: int, frame: Any) -> None:
+def interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 

@@ -77,6 +77,13 @@ def test_section_hash_depends_only_on_named_sections():
     assert base.section_hash("train") != other_train.section_hash("train")
 
 
+def test_execution_only_fields_leave_the_skip_key_alone():
+    base = load_config(None)
+    elsewhere = load_config(None, ["data.workers=16", "data.executor=ray", "data.ray_address=head:6379"])
+    assert base.section_hash("data") == elsewhere.section_hash("data"), "more cores or a cluster: same documents"
+    assert elsewhere.to_yaml() != base.to_yaml(), "but the saved config still records how the stage ran"
+
+
 def test_resolved_config_round_trips_through_yaml(tmp_path):
     cfg = load_config(CONFIGS[0], ["train.lr=5e-4"])
     saved = tmp_path / "config.yaml"

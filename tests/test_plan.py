@@ -106,6 +106,33 @@ def test_time_scales_with_tokens_mfu_and_gpus():
     assert two["seconds"] / one["seconds"] == pytest.approx(2 * 2 * 0.5)  # 2x tokens (global batch), half MFU, 2 GPUs
 
 
+def test_fsdp_shards_the_training_state_across_gpus_and_rescues_an_oom():
+    ddp = plan_for("1b", "plan.num_gpus=8", hardware="rtx4090")
+    fsdp = plan_for("1b", "plan.num_gpus=8", "plan.sharding=fsdp", hardware="rtx4090")
+    n = ddp["model"]["parameters"]
+    d, f = ddp["memory"], fsdp["memory"]
+    assert d["state"]["adamw_states"] == 8 * n and f["state"]["adamw_states"] == 8 * n / 8
+    assert f["state"]["fp32_master"] == 4 * n / 8 and f["state"]["gradients"] == 4 * n / 8
+    assert f["state"]["weights"] == 0, "bf16 copies exist only in the gathered unit"
+    assert 0 < f["fsdp_gathered"] < sum(d["state"].values()) / 8  # one layer (or the embeddings) at a time
+    assert f["activations"] == d["activations"], "activations are not sharded"
+    assert f["total"] == pytest.approx(
+        d["total"] - sum(d["state"].values()) + sum(f["state"].values()) + f["fsdp_gathered"]
+    )
+    assert d["total_by_sharding"] == f["total_by_sharding"] and d["total_by_sharding"]["fsdp"] == f["total"]
+    assert d["verdict"] == "OOM" and f["verdict"] == "fits"
+    assert d["advice"][0].startswith("plan.sharding=fsdp (FSDP over the 8 GPUs)"), d["advice"]
+    assert "FSDP state sharded 8 ways" in render_text(fsdp) and "FSDP gathered unit" in render_text(fsdp)
+    # one GPU: nothing to shard across, FSDP only adds its buffers
+    one, one_ddp = (plan_for("1b", *s, hardware="a100-80gb")["memory"] for s in (["plan.sharding=fsdp"], []))
+    assert one["total"] == pytest.approx(one_ddp["total"] - one_ddp["state"]["weights"] + one["fsdp_gathered"])
+    assert time_of(ddp) == time_of(fsdp), "compute per token is the same; communication is not modelled"
+
+
+def time_of(plan: dict) -> float:
+    return plan["time"]["seconds"]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # hardware profiles
 

@@ -170,9 +170,11 @@ def test_backend_selection(monkeypatch):
         backends.select_backend("tgi")
 
 
-def test_vllm_command_line():
+def test_vllm_command_line(monkeypatch):
     from serve.backends import vllm_command
 
+    monkeypatch.delenv("FORGE_VLLM_PYTHON", raising=False)
+    monkeypatch.delenv("FORGE_VLLM_ARGS", raising=False)
     cmd = vllm_command(Path("/m/model"), 8000, "forge-model", api_key="k", max_model_len=2048, fp8=True)
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     args = dict(zip(cmd[3::2], cmd[4::2], strict=True))
@@ -185,8 +187,34 @@ def test_vllm_command_line():
         "--max-model-len": "2048",
         "--quantization": "fp8",
     }
+    assert cmd[0] == sys.executable
     plain = vllm_command(Path("/m"), 8000, "a")
     assert "--api-key" not in plain and "--quantization" not in plain and "bitsandbytes" not in plain
+
+
+def test_vllm_runs_in_its_own_venv(monkeypatch, tmp_path):
+    """FORGE_VLLM_PYTHON: the python of vLLM's own venv (make test-vllm); FORGE_VLLM_ARGS: extra server flags."""
+    from serve import backends
+
+    python = tmp_path / "vllm-venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\nexit 1\n")  # a python that cannot import vllm
+    python.chmod(0o755)
+    monkeypatch.setenv("FORGE_VLLM_PYTHON", str(python))
+    monkeypatch.setenv("FORGE_VLLM_ARGS", "--enforce-eager --dtype float32")
+    cmd = backends.vllm_command(Path("/m"), 8000, "a", extra=["--seed", "1"])
+    assert cmd[0] == str(python) and cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[-5:] == ["--enforce-eager", "--dtype", "float32", "--seed", "1"]
+    assert backends.vllm_command(Path("/m"), 8000, "a", python="/other/python")[0] == "/other/python"
+    assert not backends._vllm_importable()  # asked of FORGE_VLLM_PYTHON, not of this interpreter
+    monkeypatch.setattr(backends, "_cuda_available", lambda: True)
+    assert backends.select_backend("auto") == "llamacpp"
+    python.write_text("#!/bin/sh\nexit 0\n")  # now it finds vllm
+    assert backends._vllm_importable() and backends.select_backend("auto") == "vllm"
+    monkeypatch.setenv("FORGE_VLLM_PYTHON", str(tmp_path / "missing" / "python"))
+    assert not backends._vllm_importable()
+    with pytest.raises(ForgeError, match="FORGE_VLLM_PYTHON=.* is not an executable python"):
+        backends.vllm_command(Path("/m"), 8000, "a")
 
 
 def test_llamacpp_command_line():

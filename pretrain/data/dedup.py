@@ -190,38 +190,41 @@ def candidate_probability(j: float, bands: int, rows: int) -> float:
 # candidates by sorting each band, verification, union-find
 
 
-def candidate_pairs(
-    keys: np.ndarray, allowed: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
-) -> np.ndarray:
-    """[m, 2] int64 pairs (i < j) of rows sharing a band key, deduplicated.
+def bucket_pairs(bands: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """[m, 2] int64 pairs of rows sharing a (band, key) bucket; unordered, may repeat (see `unique_pairs`).
 
-    A bucket of up to FULL_PAIRS_RUN documents gives all its pairs; a bigger one gives each member paired with
-    the bucket's first and with its predecessor (linear in the bucket size, enough for union-find to connect it).
+    The one banding rule, for any slice of band rows that holds whole buckets (one band in memory here, a hash
+    partition of (band, key) on Ray): sort by (band, key, row), and a run of equal (band, key) is a bucket. A
+    bucket of up to FULL_PAIRS_RUN rows gives all its pairs; a bigger one gives each member paired with the
+    bucket's first and with its predecessor (linear in the bucket size, enough for union-find to connect it).
     """
-    n, bands = keys.shape
-    found: list[np.ndarray] = []
-    for band in range(bands):
-        order = np.argsort(keys[:, band], kind="stable")
-        col = keys[order, band]
-        new_run = np.ones(n, dtype=bool)
-        new_run[1:] = col[1:] != col[:-1]
-        run_id = np.cumsum(new_run) - 1
-        run_start = np.flatnonzero(new_run)
-        run_len = np.diff(np.append(run_start, n))
-        in_dup = run_len[run_id] > 1
-        if not in_dup.any():
-            continue
-        first = order[run_start[run_id]]
-        # star + chain for every bucket
-        idx = np.flatnonzero(in_dup & ~new_run)
-        found.append(np.stack([first[idx], order[idx]], axis=1))
-        found.append(np.stack([order[idx - 1], order[idx]], axis=1))
-        # all pairs for small buckets
-        small = (run_len > 2) & (run_len <= FULL_PAIRS_RUN)
-        for start, length in zip(run_start[small], run_len[small], strict=True):
-            members = order[start : start + length]
-            ii, jj = np.triu_indices(length, k=1)
-            found.append(np.stack([members[ii], members[jj]], axis=1))
+    n = len(rows)
+    if n < 2:
+        return np.zeros((0, 2), dtype=np.int64)
+    order = np.lexsort((rows, keys, bands))
+    band, col, members = bands[order], keys[order], rows[order].astype(np.int64)
+    new_run = np.ones(n, dtype=bool)
+    new_run[1:] = (col[1:] != col[:-1]) | (band[1:] != band[:-1])
+    run_id = np.cumsum(new_run) - 1
+    run_start = np.flatnonzero(new_run)
+    run_len = np.diff(np.append(run_start, n))
+    in_dup = run_len[run_id] > 1
+    if not in_dup.any():
+        return np.zeros((0, 2), dtype=np.int64)
+    first = members[run_start[run_id]]
+    idx = np.flatnonzero(in_dup & ~new_run)
+    found = [np.stack([first[idx], members[idx]], axis=1), np.stack([members[idx - 1], members[idx]], axis=1)]
+    small = (run_len > 2) & (run_len <= FULL_PAIRS_RUN)
+    for start, length in zip(run_start[small], run_len[small], strict=True):
+        ii, jj = np.triu_indices(length, k=1)
+        found.append(np.stack([members[start + ii], members[start + jj]], axis=1))
+    return np.concatenate(found)
+
+
+def unique_pairs(found: Sequence[np.ndarray],
+                 allowed: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> np.ndarray:  # fmt: skip
+    """Bucket pairs as sorted, distinct (i < j) rows, in lexicographic order (the order verification runs in)."""
+    found = [f for f in found if len(f)]
     if not found:
         return np.zeros((0, 2), dtype=np.int64)
     pairs = np.sort(np.concatenate(found).astype(np.int64), axis=1)
@@ -230,6 +233,21 @@ def candidate_pairs(
     if allowed is not None and len(pairs):
         pairs = pairs[allowed(pairs[:, 0], pairs[:, 1])]
     return pairs
+
+
+def candidate_pairs(
+    keys: np.ndarray, allowed: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+) -> np.ndarray:
+    """[m, 2] int64 pairs (i < j) of rows of `keys` ([docs, bands]) sharing a band key, deduplicated.
+
+    In memory, one band at a time (scratch ~24 B per document); pretrain/data/ray_executor.py runs the same
+    `bucket_pairs` on hash partitions of the band rows instead.
+    """
+    n, bands = keys.shape
+    rows = np.arange(n, dtype=np.int64)
+    return unique_pairs(
+        [bucket_pairs(np.full(n, band, dtype=np.int64), keys[:, band], rows) for band in range(bands)], allowed
+    )
 
 
 class UnionFind:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
+from forge import render
 from forge.config import ForgeConfig
 from forge.lineage import atomic_path, atomic_write_json, atomic_write_text
 
@@ -223,11 +224,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def bar_chart(path: Path, data: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = render.pyplot()
     names = list(data["filters"])
     docs = [data["filters"][n]["pct_docs"] for n in names]
     chars = [data["filters"][n]["pct_chars"] for n in names]
@@ -241,6 +238,4 @@ def bar_chart(path: Path, data: dict[str, Any]) -> None:
     ax.set_title(f"forge data: removed by filter ({data['removed_pct_chars']:.1f}% of characters in total)")
     ax.legend(loc="lower right")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    render.save_figure(fig, path)

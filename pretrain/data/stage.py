@@ -11,16 +11,21 @@ Outputs in runs/<run>/data/:
 
 Memory stays bounded: records stream through two spill files under `.work/` (deleted at the end); the main process
 keeps ~130 B per document (exact hash, split, 14 LSH keys) plus the n-gram sets of candidate pairs only.
+
+`data.executor: ray` runs the per-record passes and the LSH banding on Ray Data instead of the process pool
+(pretrain/data/ray_executor.py); everything else, and so the output, is the same code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -144,18 +149,35 @@ class ShardWriter:
 # the stage body
 
 
+Mapper = Callable[..., Iterator[Any]]  # (fn, batches, initargs=...) -> fn(batch) for each batch, in order
+PairFinder = Callable[..., np.ndarray]  # dedup.candidate_pairs(keys, allowed)
+
+
+@contextlib.contextmanager
+def executor(cfg, work: Path) -> Iterator[tuple[Mapper, PairFinder]]:
+    """(map a batch function over batches in order, find candidate pairs) on data.executor."""
+    workers = worker_count(cfg)
+    if cfg.executor == "local":
+        yield partial(parallel_map, workers=workers), dedup.candidate_pairs
+        return
+    from pretrain.data import ray_executor
+
+    with ray_executor.session(cfg, workers) as cpus:
+        yield partial(ray_executor.ray_map, cpus=cpus, work=work), partial(ray_executor.candidate_pairs, cpus=cpus)
+
+
 def build(stage: Stage) -> dict[str, float]:
     cfg, out = stage.cfg.data, stage.dir
     _clear_outputs(out)
     work = out / ".work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    workers = worker_count(cfg)
     stats = report.Stats(filters.FILTERS, out / "removed.jsonl.zst")
     try:
-        extracted, sketch = _extract(cfg, stage.cfg.seed, work, workers, stats)
-        cleaned, ids, hashes, keys, splits = _clean(cfg, stage.cfg.seed, work, workers, stats, extracted, sketch)
-        removed = _deduplicate(cfg, cleaned, ids, hashes, keys, splits, stats)
+        with executor(cfg, work) as (mapper, find_pairs):
+            extracted, sketch = _extract(cfg, stage.cfg.seed, work, mapper, stats)
+            cleaned, ids, hashes, keys, splits = _clean(cfg, stage.cfg.seed, work, mapper, stats, extracted, sketch)
+            removed = _deduplicate(cfg, cleaned, ids, hashes, keys, splits, stats, find_pairs)
         split_totals = _write_splits(cfg, out, cleaned, removed, stats)
     finally:
         stats.close()
@@ -198,11 +220,11 @@ def _ingested(cfg, stats: report.Stats) -> Iterator[dict[str, Any]]:
         yield {**item, "text": text, "split": split_of(item["id"], cfg.split), "raw_chars": len(text)}
 
 
-def _extract(cfg, seed: int, work: Path, workers: int, stats: report.Stats):
+def _extract(cfg, seed: int, work: Path, mapper: Mapper, stats: report.Stats):
     spill = Spill(work / "extracted.parquet")
     sketch = filters.LineSketch() if cfg.boilerplate else None
     records = tqdm(_ingested(cfg, stats), desc="data: read + extract", unit="doc", disable=None)
-    for results in parallel_map(extract_batch, batched(records, BATCH), workers, (cfg, seed)):
+    for results in mapper(extract_batch, batched(records, BATCH), initargs=(cfg, seed)):
         kept = []
         for record, line_hashes in results:
             stats.count_raw(record)
@@ -222,7 +244,7 @@ def _extract(cfg, seed: int, work: Path, workers: int, stats: report.Stats):
     return spill, sketch
 
 
-def _clean(cfg, seed, work, workers, stats, extracted: Spill, sketch):
+def _clean(cfg, seed, work, mapper: Mapper, stats, extracted: Spill, sketch):
     min_docs = max(cfg.boilerplate_min_docs, math.ceil(cfg.boilerplate_min_doc_fraction * extracted.rows))
     initargs = (cfg, seed, sketch.table if sketch is not None else None, min_docs)
     spill = Spill(work / "cleaned.parquet")
@@ -231,7 +253,7 @@ def _clean(cfg, seed, work, workers, stats, extracted: Spill, sketch):
     splits: list[int] = []
     keys: list[np.ndarray] = []
     records = tqdm(extracted, total=extracted.rows, desc="data: filter", unit="doc", disable=None)
-    for results, batch_keys in parallel_map(clean_batch, batched(records, BATCH), workers, initargs):
+    for results, batch_keys in mapper(clean_batch, batched(records, BATCH), initargs=initargs):
         kept = []
         for record in results:
             if "drop" in record:
@@ -248,7 +270,8 @@ def _clean(cfg, seed, work, workers, stats, extracted: Spill, sketch):
     return spill, ids, np.array(hashes, dtype=np.uint64), all_keys, np.array(splits, dtype=np.int64)
 
 
-def _deduplicate(cfg, cleaned: Spill, ids: list[str], hashes, keys, splits, stats) -> dict[int, tuple[str, str]]:
+def _deduplicate(cfg, cleaned: Spill, ids: list[str], hashes, keys, splits, stats,
+                 find_pairs: PairFinder = dedup.candidate_pairs) -> dict[int, tuple[str, str]]:  # fmt: skip
     """Row of the cleaned spill -> (filter, reason) for every document removed as a duplicate."""
     n = len(hashes)
     removed: dict[int, tuple[str, str]] = {}
@@ -270,7 +293,7 @@ def _deduplicate(cfg, cleaned: Spill, ids: list[str], hashes, keys, splits, stat
     if cfg.dedup.near:
         rows = np.flatnonzero(alive)
         pair_allowed = None if cfg.dedup.decontaminate else (lambda i, j: group_split[rows[i]] == group_split[rows[j]])
-        pairs = dedup.candidate_pairs(keys[rows], pair_allowed)
+        pairs = find_pairs(keys[rows], pair_allowed)
         sets = _shingle_sets(cleaned, rows[np.unique(pairs)] if len(pairs) else np.zeros(0, dtype=np.int64), cfg)
         labels, verified = dedup.verified_clusters(
             len(rows), pairs, lambda i, j: dedup.jaccard(sets[rows[i]], sets[rows[j]]), cfg.dedup.jaccard_threshold

@@ -2,8 +2,11 @@
 
 Documents are the module, class and function docstrings of the stdlib's `.py` sources, read with `ast` (nothing is
 imported: importing `antigravity` opens a browser, `this` prints), plus the language-reference topics of
-`pydoc_data.topics`. Files are walked in sorted order and every document's id names its module and object, so the
-corpus and its ids are the same on every run of the same Python.
+`pydoc_data.topics`. Each docstring document starts with the heading a documentation page gives it (`function
+json.dumps(obj, *, skipkeys=False, ...)`, `class json.JSONEncoder`, `module json`): without it a model never learns
+which object a description belongs to, and no question about an object can be answered from what it read.
+Files are walked in sorted order and every document's id names its module and object, so the corpus and its ids
+are the same on every run of the same Python.
 
     for record in iter_stdlib_records(): ...   # {"id", "text", "source", "meta"}
 """
@@ -18,8 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-CORPUS_VERSION = "1"  # bump when the builder's output changes: it is part of the data stage's skip key
+CORPUS_VERSION = "2"  # bump when the builder's output changes: it is part of the data stage's skip key
 ID_PREFIX = "python-stdlib"
+MAX_SIGNATURE_CHARS = 160  # longer signatures are cut at a parameter boundary
 
 # Directories that are test suites, demos or third-party code, not documentation.
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "turtledemo", "__pycache__", "Tools"}
@@ -75,12 +79,29 @@ def _module_records(path: Path, module: str) -> Iterator[dict[str, Any]]:
         if not text or not text.strip():
             continue
         name = f"{module}.{qualname}" if qualname else module
+        head = heading(name, kind, node)
         yield {
             "id": f"{ID_PREFIX}:{name}",
-            "text": text,
+            "text": f"{head}\n\n{text}",
             "source": module,
-            "meta": {"object": name, "kind": kind, "line": getattr(node, "lineno", 1)},
+            "meta": {"object": name, "kind": kind, "line": getattr(node, "lineno", 1), "heading": head},
         }
+
+
+def heading(name: str, kind: str, node: ast.AST) -> str:
+    """The page heading of a documented object: kind, qualified name and, for a function, its signature."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        signature = ast.unparse(node.args)
+        if len(signature) > MAX_SIGNATURE_CHARS:
+            signature = signature[:MAX_SIGNATURE_CHARS].rsplit(",", 1)[0] + ", ..."
+        return f"{kind} {name}({signature})"
+    return f"{kind} {name}"
+
+
+def docstring(record: dict[str, Any]) -> str:
+    """A record's docstring without the heading it was given (topics have none)."""
+    head = record["meta"].get("heading")
+    return record["text"].removeprefix(f"{head}\n\n") if head else record["text"]
 
 
 def _documented(tree: ast.Module) -> Iterator[tuple[str, str, ast.AST]]:
