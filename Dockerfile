@@ -1,33 +1,169 @@
-# Forge images, one target per role. Build: `docker build --target train -t forge-train .`
-# (no Docker engine? buildah works: `buildah bud --target train -t forge-train .`).
-# The serve-cpu (llama.cpp + Gradio, no torch) and serve-gpu (vLLM) targets come with issue #13.
+# Forge images, one target per role (`make images` builds them; see docker/README.md):
+#   train      data, tokenizer, pretrain, eval, sft, quantize, register/promote: torch and the training stack
+#   serve-cpu  `forge serve` (llama.cpp), `forge chat` (Gradio) and the registry client; no torch
+#   serve-gpu  `forge serve --backend vllm` on a CUDA base image
+#   mlflow     the tracking server and registry (sqlite in the runs volume, or Postgres + S3-compatible storage)
+#
+#   docker build --target serve-cpu -t forge-serve-cpu .
+#   buildah --storage-driver vfs bud --isolation chroot --layers --target train -t forge-train .
+#
+# llama.cpp is compiled portable (GGML_NATIVE=OFF: the x86-64 AVX2 baseline, not the build machine's CPU). That is
+# 10-25 minutes on 2 cores, so the `wheels` stage takes a prebuilt wheel from docker/wheels/ when one with the same
+# version and flags is there (docker/llama-wheel.sh builds it once into a wheelhouse outside the repo) and compiles
+# only otherwise. The compiler never reaches the train or serve-cpu images.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
+ARG GPU_BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
+ARG LLAMA_CPP_VERSION=0.3.36
+ARG LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF"
 
+# ---- base: python3 in a venv owned by root, an unprivileged user, /app as the working directory.
+# Any Debian-like image with python3 >= 3.10 and its venv module will do (docker/base.sh makes one by debootstrap).
 FROM ${BASE_IMAGE} AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN useradd --create-home --uid 10001 forge
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+RUN python3 -m venv /opt/venv \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin forge \
+    && mkdir -p /app/runs && chown forge:forge /app/runs
 WORKDIR /app
 
-# train: data, tokenizer, pretrain, sft, eval, quantize (torch and the training stack).
+# ---- wheels: llama-cpp-python, portable. Prebuilt from docker/wheels/ when its BUILD-INFO matches, else compiled.
+FROM base AS wheels
+ARG LLAMA_CPP_VERSION
+ARG LLAMA_CMAKE_ARGS
+ARG PIP_CERT
+COPY docker/wheels/ /wheels/
+# The compiler lives only in this stage; any current Debian version of it will do.
+# hadolint ignore=DL3008
+RUN if grep -qxF "cmake_args=${LLAMA_CMAKE_ARGS}" /wheels/BUILD-INFO 2>/dev/null \
+        && ls /wheels/llama_cpp_python-"${LLAMA_CPP_VERSION}"-*.whl >/dev/null 2>&1; then \
+        echo "wheels: prebuilt llama-cpp-python ${LLAMA_CPP_VERSION} ($(grep ^built= /wheels/BUILD-INFO))"; \
+    else \
+        echo "wheels: compiling llama-cpp-python ${LLAMA_CPP_VERSION} with CMAKE_ARGS=${LLAMA_CMAKE_ARGS}" \
+        && rm -f /wheels/*.whl /wheels/BUILD-INFO \
+        && apt-get update \
+        && apt-get install -y --no-install-recommends build-essential cmake \
+        && rm -rf /var/lib/apt/lists/* \
+        && CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip wheel --no-deps --no-binary llama-cpp-python -w /wheels \
+            "llama-cpp-python==${LLAMA_CPP_VERSION}"; \
+    fi
+
+# ---- src: the package sources, configs and container scripts, gathered once so that each image takes them in one
+# COPY and one RUN.
+FROM base AS src
+COPY pyproject.toml README.md /src/
+COPY forge /src/forge
+COPY pretrain /src/pretrain
+COPY finetune /src/finetune
+COPY evaluation /src/evaluation
+COPY serve /src/serve
+COPY configs /src/configs
+COPY docker/entrypoint.sh docker/healthcheck.py docker/mlflow-server.sh /src/bin/
+
+# ---- train: every stage but serving; `forge pipeline --no-serve` runs the lot.
+# Metadata instructions come first in each image: with buildah's vfs driver every instruction copies the whole root
+# file system, which is cheap before the install and not after it.
 FROM base AS train
+ARG LLAMA_CPP_VERSION
+ARG LLAMA_CMAKE_ARGS
+# torch first, as everywhere in Forge: PyPI's default Linux torch is the CUDA build (GPUs and CPUs, several GB);
+# --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu takes the CPU build instead.
 ARG TORCH_SPEC="torch==2.13.0"
-# A compiler for llama-cpp-python, built portable (not -march=native) so the image runs on any x86-64 CPU.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends build-essential cmake \
-    && rm -rf /var/lib/apt/lists/*
-ENV CMAKE_ARGS="-DGGML_NATIVE=OFF"
-COPY pyproject.toml README.md ./
-COPY forge ./forge
-COPY pretrain ./pretrain
-COPY finetune ./finetune
-COPY evaluation ./evaluation
-COPY serve ./serve
-COPY configs ./configs
-RUN pip install "${TORCH_SPEC}" && pip install .
-USER forge
+ARG TORCH_INDEX_URL=""
+ARG PIP_CERT
+ARG PIP_FIND_LINKS
 VOLUME ["/app/runs"]
 ENTRYPOINT ["forge"]
 CMD ["--help"]
+COPY pyproject.toml /tmp/pyproject.toml
+# The dependencies alone first (their layer survives code changes), then the code without them. TORCH_SPEC is
+# pinned (torch==2.13.0); hadolint cannot see through the variable.
+# hadolint ignore=DL3013
+RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
+    echo "llama.cpp: ${LLAMA_CPP_VERSION} ${LLAMA_CMAKE_ARGS}" \
+    && export PIP_FIND_LINKS="/wheels ${PIP_FIND_LINKS:-}" \
+    && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} "${TORCH_SPEC}" \
+    && python3 -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install "llama-cpp-python[server]==${LLAMA_CPP_VERSION}" -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt /tmp/pyproject.toml
+COPY --from=src /src /tmp/forge-src
+RUN pip install --no-deps /tmp/forge-src && mv /tmp/forge-src/configs /app/configs && rm -rf /tmp/forge-src
+USER 10001
+
+# ---- serve-cpu: llama.cpp's OpenAI server, the Gradio chat UI, the registry client. No torch, no compiler.
+FROM base AS serve-cpu
+ARG LLAMA_CPP_VERSION
+ARG LLAMA_CMAKE_ARGS
+ARG PIP_CERT
+ARG PIP_FIND_LINKS
+VOLUME ["/app/runs"]
+EXPOSE 8080 7860
+# Alive once the server answers HTTP (llama-cpp-python loads the model before it listens); the chat service in
+# compose.yaml points FORGE_HEALTH_URL at the UI instead.
+ENV FORGE_HEALTH_URL=http://127.0.0.1:8080/v1/models
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/usr/local/bin/healthcheck.py"]
+ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
+CMD ["serve"]
+COPY docker/requirements-serve.txt docker/requirements-chat.txt /tmp/
+RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
+    echo "llama.cpp: ${LLAMA_CPP_VERSION} ${LLAMA_CMAKE_ARGS}" \
+    && export PIP_FIND_LINKS="/wheels ${PIP_FIND_LINKS:-}" \
+    && pip install "llama-cpp-python[server]==${LLAMA_CPP_VERSION}" \
+        -r /tmp/requirements-serve.txt -r /tmp/requirements-chat.txt \
+    && rm /tmp/requirements-serve.txt /tmp/requirements-chat.txt
+# --no-deps: forge's own requirements are the training stack; the serve verbs import only the packages above.
+COPY --from=src /src /tmp/forge-src
+RUN pip install --no-deps /tmp/forge-src && mv /tmp/forge-src/configs /app/configs \
+    && mv /tmp/forge-src/bin/entrypoint.sh /tmp/forge-src/bin/healthcheck.py /usr/local/bin/ && rm -rf /tmp/forge-src
+USER 10001
+
+# ---- mlflow: the tracking server of compose.yaml (docker/mlflow-server.sh picks the stores).
+FROM base AS mlflow
+ARG PIP_CERT
+ARG PIP_FIND_LINKS
+VOLUME ["/app/runs"]
+EXPOSE 5000
+ENV FORGE_HEALTH_URL=http://127.0.0.1:5000/health
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/usr/local/bin/healthcheck.py"]
+ENTRYPOINT ["/usr/local/bin/mlflow-server.sh"]
+COPY docker/requirements-mlflow.txt /tmp/requirements-mlflow.txt
+RUN pip install -r /tmp/requirements-mlflow.txt && rm /tmp/requirements-mlflow.txt
+COPY docker/mlflow-server.sh docker/healthcheck.py /usr/local/bin/
+USER 10001
+
+# ---- serve-gpu: vLLM on a CUDA base image (torch comes with vLLM, pinned by it) and the registry client. No chat UI
+# (gradio and vLLM pin incompatible pillows): serve-cpu's `forge chat` fronts this server over HTTP.
+FROM ${GPU_BASE_IMAGE} AS serve-gpu
+ARG VLLM_VERSION=0.33.0
+ARG PIP_CERT
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    FORGE_HEALTH_URL=http://127.0.0.1:8080/health
+EXPOSE 8080
+HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 CMD ["python3", "/usr/local/bin/healthcheck.py"]
+ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
+CMD ["serve", "--backend", "vllm"]
+# gcc and the Python headers: Triton compiles its CUDA launcher stubs at run time.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/venv \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin forge \
+    && mkdir -p /app/runs && chown forge:forge /app/runs
+WORKDIR /app
+COPY docker/requirements-serve.txt /tmp/requirements-serve.txt
+RUN pip install "vllm==${VLLM_VERSION}" -r /tmp/requirements-serve.txt && rm /tmp/requirements-serve.txt
+COPY --from=src /src /tmp/forge-src
+RUN pip install --no-deps /tmp/forge-src && mv /tmp/forge-src/configs /app/configs \
+    && mv /tmp/forge-src/bin/entrypoint.sh /tmp/forge-src/bin/healthcheck.py /usr/local/bin/ && rm -rf /tmp/forge-src
+VOLUME ["/app/runs"]
+USER 10001

