@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from forge.config import load_config
 from forge.stages import STAGES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,7 +66,8 @@ def test_unchanged_stage_is_skipped_and_a_config_change_reruns_it(isolated_runs)
     assert again.returncode == 0 and "up to date, skipped" in again.stderr
     assert read_manifest(isolated_runs, "skiptest", "plan")["finished_at"] == first["finished_at"]
 
-    changed = forge(*args, "--set", "train.max_steps=600")
+    steps = load_config(REPO / "configs" / "tiny-cpu.yaml").train.max_steps
+    changed = forge(*args, "--set", f"train.max_steps={2 * steps}")
     assert changed.returncode == 0 and "skipped" not in changed.stderr
     rerun = read_manifest(isolated_runs, "skiptest", "plan")
     assert rerun["config_hash"] != first["config_hash"]
