@@ -205,6 +205,15 @@ class Stage:
         }
 
 
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a file another stage wrote, or None when it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_manifest(stage_dir: Path) -> dict[str, Any] | None:
     path = Path(stage_dir) / MANIFEST
     if not path.is_file():

@@ -10,7 +10,6 @@ end of every invocation, logs it to the run's MLflow parent run and tags the reg
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -19,7 +18,7 @@ from typing import Any
 
 from forge import render
 from forge.config import ForgeConfig
-from forge.lineage import atomic_write_json, atomic_write_text, read_manifest, run_dir
+from forge.lineage import atomic_write_json, atomic_write_text, read_json_object, read_manifest, run_dir
 from forge.render import fmt
 from forge.stages import RUN_LAYOUT
 
@@ -30,13 +29,6 @@ STAGE_PLOTS = {
     "loss_curves.png": "pretrain/loss_curves.png",
     "val_ppl.png": "eval-pretrain/plots/val_ppl.png",
 }
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def hardware() -> dict[str, Any]:
@@ -57,7 +49,7 @@ def collect(cfg: ForgeConfig, outcome: dict[str, Any]) -> dict[str, Any]:
     """Every number the card shows, from the run directory. `outcome`: what the pipeline knows (wall time, stop)."""
     run = run_dir(cfg)
     manifests = {name: read_manifest(run / name) or {} for name in RUN_LAYOUT}
-    evals = {t: _read_json(run / f"eval-{t}" / "eval.json") or {} for t in ("pretrain", "sft")}
+    evals = {t: read_json_object(run / f"eval-{t}" / "eval.json") or {} for t in ("pretrain", "sft")}
     return {
         "format": "forge-report-card/1",
         "run": cfg.run_name,
@@ -73,9 +65,9 @@ def collect(cfg: ForgeConfig, outcome: dict[str, Any]) -> dict[str, Any]:
         "metrics": {n: m.get("metrics", {}) for n, m in manifests.items()},
         "eval": {t: {m["name"]: m for m in e.get("metrics", [])} for t, e in evals.items()},
         "flags": {t: {f["name"]: f for f in e.get("flags", [])} for t, e in evals.items()},
-        "quantize": (_read_json(run / "quantize" / "quantize.json") or {}).get("artifacts", {}),
-        "gate": _read_json(run / "promote" / "decision.json"),
-        "version": _read_json(run / "register" / "version.json"),
+        "quantize": (read_json_object(run / "quantize" / "quantize.json") or {}).get("artifacts", {}),
+        "gate": read_json_object(run / "promote" / "decision.json"),
+        "version": read_json_object(run / "register" / "version.json"),
     }
 
 
@@ -249,7 +241,7 @@ def attach(cfg: ForgeConfig) -> str | None:
     files = [run / n for n in ("report.md", "report.html", "report.json")] + sorted((run / "report").glob("*.png"))
     client = tracking.client_for(cfg)
     parent = tracking.parent_run_id(client, cfg, tracking.experiment_id(client, cfg))
-    version = _read_json(run / "register" / "version.json")
+    version = read_json_object(run / "register" / "version.json")
     targets = [parent] + ([version["run_id"]] if version else [])
     for run_id in targets:
         for f in files:

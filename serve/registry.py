@@ -46,6 +46,7 @@ from forge.lineage import (
     candidate_model,
     completed_manifest,
     git_commit,
+    read_json_object,
     run_dir,
     run_stage,
     runs_root,
@@ -151,7 +152,7 @@ def _register(stage: Stage, src: Sources) -> dict[str, float]:
             tags[f"forge.sha256.report.{dest}"] = sha256_file(path)
     client.log_artifact(run_id, str(stage.dir / "lineage.json"), CANDIDATE)
 
-    eval_report = _read_json(src.eval_dir / "eval.json")
+    eval_report = read_json_object(src.eval_dir / "eval.json")
     summary = eval_summary(eval_report)
     tags.update({f"forge.eval.{k}": str(v)[:MAX_TAG] for k, v in summary.items()})
     metrics = {f"eval.{m['name']}": m["value"] for m in (eval_report or {}).get("metrics", [])
@@ -196,14 +197,6 @@ def _ensure_registered_model(client, name: str) -> None:
         )  # fmt: skip
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # reading a version back from the registry
 
@@ -220,6 +213,17 @@ def _version(client, name: str, version: str | int | None):
         return client.get_model_version(name, str(version))
     except MlflowException as exc:
         raise ForgeError(f"no version {version} of registered model {name!r} ({exc.error_code})") from None
+
+
+def _audited_production(cfg: ForgeConfig, client, name: str, if_missing: str) -> tuple[Any, str, list[str], str]:
+    """@production, its version as a string, the audit log's production stack and its top as text ("v3" or "none"),
+    for checking that the alias is where `forge promote`/`forge rollback` left it. ForgeError when there is none."""
+    prod = _production(client, name)
+    if prod is None:
+        raise ForgeError(f"{name} has no @{ALIAS} version: {if_missing}")
+    stack = production_stack(events(cfg, name))
+    # str(): the version is an int in the sqlite store, a str over REST
+    return prod, str(prod.version), stack, f"v{stack[-1]}" if stack else "none"
 
 
 def _production(client, name: str):
@@ -251,9 +255,9 @@ def read_evidence(root: Path) -> gate.Evidence:
     """The reports and the sha256 of the artifacts of a downloaded version directory."""
     model = root / "model"
     return gate.Evidence(
-        eval_report=_read_json(root / "reports" / "eval.json"),
-        quantize_report=_read_json(root / "reports" / "quantize.json"),
-        quantize_manifest=_read_json(root / "reports" / "quantize-manifest.json"),
+        eval_report=read_json_object(root / "reports" / "eval.json"),
+        quantize_report=read_json_object(root / "reports" / "quantize.json"),
+        quantize_manifest=read_json_object(root / "reports" / "quantize-manifest.json"),
         model_sha256=sha256_tree(model) if (model / "config.json").is_file() else None,
         gguf_sha256={p.name: sha256_file(p) for p in sorted((root / "gguf").glob("*.gguf"))},
     )
@@ -301,7 +305,7 @@ def promote(cfg: ForgeConfig, name: str | None = None, version: str | int | None
                 evidence.production_eval = evidence.eval_report
             else:
                 got = _try_download(cfg, client, name, prod_v, "reports/eval.json", Path(tmp) / "production")
-                evidence.production_eval = _read_json(got) if got else None
+                evidence.production_eval = read_json_object(got) if got else None
     checks = gate.evaluate(policy, evidence)
     decision = Decision(name, version_s, gate.passed(checks), checks, policy.sha256, prod_v)
     _record(cfg, client, decision)
@@ -310,7 +314,7 @@ def promote(cfg: ForgeConfig, name: str | None = None, version: str | int | None
 
 def promote_run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     """The pipeline's promote step: gate the version this run registered; raise GateRefused if it fails."""
-    version = (_read_json(run_dir(cfg) / "register" / "version.json") or {}).get("version")
+    version = (read_json_object(run_dir(cfg) / "register" / "version.json") or {}).get("version")
     if version is None:
         raise ForgeError(f"no {run_dir(cfg)}/register/version.json: run `forge register` first")
     decision = promote(cfg, cfg.registry.model_name, version)
@@ -468,16 +472,11 @@ def rollback(cfg: ForgeConfig, name: str | None = None) -> dict[str, Any]:
     """Move @production back to the version that was in production before the current one and passed the gate."""
     name = name or cfg.registry.model_name
     client = client_for(cfg)
-    prod = _production(client, name)
-    if prod is None:
-        raise ForgeError(f"{name} has no @{ALIAS} version: nothing to roll back")
-    prod_v = str(prod.version)  # an int in the sqlite store, a str over REST
-    stack = production_stack(events(cfg, name))
+    prod, prod_v, stack, audited = _audited_production(cfg, client, name, "nothing to roll back")
     if not stack or stack[-1] != prod_v:
         raise ForgeError(
-            f"@{ALIAS} of {name} is v{prod_v} but the audit log's is "
-            f"{'v' + stack[-1] if stack else 'none'}: the alias was moved outside `forge promote`; promote the "
-            "intended version again with `forge promote`"
+            f"@{ALIAS} of {name} is v{prod_v} but the audit log's is {audited}: the alias was moved outside "
+            "`forge promote`; promote the intended version again with `forge promote`"
         )
     for version in reversed(stack[:-1]):
         if version == prod_v:
@@ -513,16 +512,14 @@ def resolve_production(cfg: ForgeConfig, name: str | None = None) -> Path:
     differs from what the version recorded at registration."""
     name = name or cfg.registry.model_name
     client = client_for(cfg)
-    prod = _production(client, name)
-    if prod is None:
-        raise ForgeError(f"{name} has no @{ALIAS} version: promote one with `forge promote {name} VERSION`")
-    prod_v = str(prod.version)  # an int in the sqlite store, a str over REST
-    stack = production_stack(events(cfg, name))
+    prod, prod_v, stack, audited = _audited_production(
+        cfg, client, name, f"promote one with `forge promote {name} VERSION`"
+    )
     if prod.tags.get("forge.gate.decision") != "pass" or not stack or stack[-1] != prod_v:
         raise ForgeError(
             f"refusing to serve {name}@{ALIAS} (v{prod_v}): it was not put there by a passing `forge promote` "
-            f"(decision tag {prod.tags.get('forge.gate.decision')!r}, audit log says "
-            f"{'v' + stack[-1] if stack else 'none'}); promote a version through the gate"
+            f"(decision tag {prod.tags.get('forge.gate.decision')!r}, audit log says {audited}); promote a version "
+            "through the gate"
         )
     dest = runs_root() / ".registry" / name / f"v{prod_v}"
     if not (dest / ".verified").is_file():

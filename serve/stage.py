@@ -11,7 +11,6 @@ serves a file directly and says so.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -20,7 +19,7 @@ from typing import Any
 
 from forge import ForgeError
 from forge.config import ForgeConfig
-from forge.lineage import atomic_write_json, run_dir
+from forge.lineage import atomic_write_json, read_json_object, run_dir
 from serve.backends import Backend, llamacpp_command, select_backend, vllm_command
 
 log = logging.getLogger("forge.serve")
@@ -129,11 +128,7 @@ def _serving_path(cfg: ForgeConfig) -> Path:
 
 def serving_info(cfg: ForgeConfig, api_base: str) -> dict[str, Any]:
     """Name, version, alias and backend of the model `forge serve` last started at api_base (empty if unknown)."""
-    path = _serving_path(cfg)
-    try:
-        served = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    served = read_json_object(_serving_path(cfg)) or {}
     if served.get("base_url", "").rstrip("/") != api_base.rstrip("/"):
         return {}
     source = served.get("source") or {}
