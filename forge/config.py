@@ -206,6 +206,11 @@ def _divisors(n: int) -> list[int]:
 
 
 class TrainConfig(Section):
+    # How the process group shares the training state. Either way every process computes on its slice of the same
+    # global batch, and checkpoints and the export hold whole tensors, so a run may switch between them and resume:
+    # the same run, not a new one (left out of the skip key, like the number of processes).
+    EXECUTION_ONLY = frozenset({"sharding"})
+
     micro_batch_size: int = Field(8, ge=1)
     grad_accum_steps: int = Field(4, ge=1)
     max_steps: int = Field(10_000, ge=1)
@@ -229,6 +234,12 @@ class TrainConfig(Section):
     spike_zscore: float = Field(6.0, gt=0)
     spike_window: int = Field(100, ge=10)
     log_every: int = Field(10, ge=1)
+    sharding: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="ddp: every process holds the whole model, gradients and AdamW states (DDP through Accelerate). "
+        "fsdp: each of N processes holds 1/N of them and gathers one decoder layer at a time (PyTorch FSDP2): "
+        "the model that fits N GPUs, not one. `forge plan` estimates the memory per GPU of either.",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -345,16 +356,22 @@ class ServeConfig(Section):
 
 class PlanConfig(Section):
     hardware: str = "cpu"  # a known profile (see `forge plan --help`) or "custom"
-    num_gpus: int = Field(1, ge=1)
-    sharding: Literal["ddp", "fsdp"] = Field(
-        "ddp",
-        description="How the training state spreads over plan.num_gpus: ddp (every GPU holds all of it) or fsdp "
-        "(FSDP/ZeRO-3: weights, gradients and AdamW states sharded num_gpus ways, one layer gathered at a time).",
-    )
+    num_gpus: int = Field(1, ge=1)  # the GPUs the plan spreads train.sharding over (ddp or fsdp)
     memory_gb: float | None = Field(None, gt=0)  # custom profile
     peak_tflops: float | None = Field(None, gt=0)  # custom profile
     mfu: float = Field(0.4, gt=0, le=1)
     target_tokens: int | None = None  # None: max_steps x global batch x context
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sharding_moved(cls, data: Any) -> Any:
+        # plan.sharding was the plan's own what-if; the plan now estimates what `forge pretrain` runs
+        if isinstance(data, dict) and "sharding" in data:
+            raise ValueError(
+                f"plan.sharding={data['sharding']!r}: the setting moved to train.sharding (what forge pretrain runs "
+                "and forge plan estimates); use --set train.sharding=... instead"
+            )
+        return data
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ the same training run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,13 +105,23 @@ def eval_windows(tokens: np.ndarray, context_length: int, count: int) -> np.ndar
     return (np.linspace(0, available - 1, count).round().astype(np.int64)) * window
 
 
+IGNORE = -100  # the target cross-entropy skips (torch's default ignore_index)
+
+
 def iter_eval_batches(
     tokens: np.ndarray, starts: np.ndarray, context_length: int, batch_size: int, rank: int = 0, world_size: int = 1
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """This process's share of the eval windows (round-robin), `batch_size` at a time."""
+    """This process's share of the eval windows (round-robin), `batch_size` at a time.
+
+    Every process yields the same number of batches: under FSDP each forward gathers the weights with the others,
+    so a process that has run out of windows still runs one, a window whose targets are all IGNORE (counted
+    nowhere)."""
     window = context_length + 1
     mine = starts[rank::world_size]
-    for i in range(0, len(mine), batch_size):
-        rows = np.stack([np.asarray(tokens[s : s + window], dtype=np.int64) for s in mine[i : i + batch_size]])
-        data = torch.from_numpy(rows)
-        yield data[:, :-1], data[:, 1:]
+    rounds = math.ceil(math.ceil(len(starts) / world_size) / batch_size)  # of the process with the most windows
+    for i in range(0, rounds * batch_size, batch_size):
+        chunk = mine[i : i + batch_size]
+        padding = len(chunk) == 0
+        rows = [np.asarray(tokens[s : s + window], dtype=np.int64) for s in (starts[:1] if padding else chunk)]
+        data = torch.from_numpy(np.stack(rows))
+        yield data[:, :-1], torch.full_like(data[:, 1:], IGNORE) if padding else data[:, 1:]

@@ -4,7 +4,8 @@
     forge plan --config configs/1b.yaml --hardware rtx4090 --json
     forge plan --config configs/350m.yaml --set plan.hardware=custom --set plan.memory_gb=48 --set plan.peak_tflops=180
 
-The estimate, per GPU (plan.sharding=ddp: every GPU holds the whole training state; fsdp: see the last point):
+The estimate, per GPU, of what `forge pretrain` runs (train.sharding=ddp: every GPU holds the whole training state;
+fsdp: see the last point):
 
 * Training state, bytes per parameter. fp32: weights 4 + gradients 4 + AdamW m and v 8 = 16. Mixed precision
   the way torch autocast (and so Accelerate) does it: the parameters stay fp32 and are the master copy (4), autocast
@@ -27,7 +28,7 @@ The estimate, per GPU (plan.sharding=ddp: every GPU holds the whole training sta
   tensors are gone (the recomputed layer counts only where it is larger than them).
 * Time: 6*N + 12*L*h*s flops per token (Kaplan et al. 2020, PaLM's attention term), N the matmul parameters,
   at an assumed model-flops utilisation (plan.mfu); checkpointing recomputes the forward (x 8/6).
-* Sharding (plan.sharding=fsdp, FSDP / ZeRO-3 over plan.num_gpus): each GPU keeps 1/num_gpus of the fp32
+* Sharding (train.sharding=fsdp, FSDP2 / ZeRO-3 over plan.num_gpus > 1): each GPU keeps 1/num_gpus of the fp32
   weights, gradients and AdamW states; the 16-bit compute copies exist only for the wrap unit being computed (a
   decoder layer, or the embeddings and head), gathered with the next one prefetched, plus that unit's full fp32
   gradient before its reduce-scatter: unit x (2 x 2 + 4) bytes mixed, unit x (2 x 4 + 4) fp32. Activations are
@@ -279,22 +280,29 @@ def estimate(cfg: ForgeConfig, hardware: str | None = None, attention: str = "sd
 
     # memory
     usable = hw.memory_gib * GIB * HEADROOM
-    shards = p.num_gpus if p.sharding == "fsdp" else None
+    # train.sharding=fsdp shards over the processes; on one there is nothing to shard and forge pretrain trains
+    # unsharded, so the plan does too
+    fsdp_ways = p.num_gpus if p.num_gpus > 1 else None
+    sharding = t.sharding if fsdp_ways else "ddp"
+    if t.sharding == "fsdp" and p.num_gpus == 1:
+        warnings.append("train.sharding=fsdp on plan.num_gpus=1: nothing to shard, forge pretrain trains unsharded "
+                        "there (planned as ddp); plan the GPUs you will shard over with plan.num_gpus")  # fmt: skip
+    shards = fsdp_ways if sharding == "fsdp" else None
     mb, ckpt = t.micro_batch_size, t.gradient_checkpointing
     configured = memory_estimate(m, vocab, hw, precision, mb, seq, ckpt, attention, shards)
     without = memory_estimate(m, vocab, hw, precision, mb, seq, False, attention, shards)
     with_ckpt = memory_estimate(m, vocab, hw, precision, mb, seq, True, attention, shards)
     by_sharding = {
         "ddp": memory_estimate(m, vocab, hw, precision, mb, seq, ckpt, attention)["total"],
-        "fsdp": memory_estimate(m, vocab, hw, precision, mb, seq, ckpt, attention, p.num_gpus)["total"],
+        "fsdp": memory_estimate(m, vocab, hw, precision, mb, seq, ckpt, attention, fsdp_ways)["total"],
     }
     fits = configured["total"] <= usable
     advice = _advice(m, vocab, hw, precision, seq, mb, t.grad_accum_steps, ckpt, usable, attention, fits, shards)
-    if not fits and p.sharding == "ddp" and p.num_gpus > 1 and by_sharding["fsdp"] <= usable:
-        advice.insert(0, f"plan.sharding=fsdp (FSDP over the {p.num_gpus} GPUs): {by_sharding['fsdp'] / GIB:.1f} GiB "
+    if not fits and sharding == "ddp" and p.num_gpus > 1 and by_sharding["fsdp"] <= usable:
+        advice.insert(0, f"train.sharding=fsdp (FSDP over the {p.num_gpus} GPUs): {by_sharding['fsdp'] / GIB:.1f} GiB "
                          f"per GPU of {usable / GIB:.1f} usable, same batch")  # fmt: skip
     memory = {
-        "sharding": p.sharding, "num_gpus": p.num_gpus, "total_by_sharding": by_sharding,
+        "sharding": sharding, "num_gpus": p.num_gpus, "total_by_sharding": by_sharding,
         "precision": precision, "micro_batch_size": t.micro_batch_size,
         "gradient_checkpointing": t.gradient_checkpointing,
         "attention": attention, "device_gib": hw.memory_gib, "usable_gib": usable / GIB, **configured,
@@ -416,6 +424,7 @@ def render_text(plan: dict[str, Any]) -> str:
     state_total = sum(st.values())
     n = m["parameters"]
     mixed = mem["precision"] != "fp32"
+    amp = "FSDP's" if mem["sharding"] == "fsdp" else "torch autocast"  # 16-bit copies of the gathered unit / of all
     lines = [
         f"plan for run {plan['run']} on {hw['label']} x{tm['num_gpus']}",
         "",
@@ -436,7 +445,7 @@ def render_text(plan: dict[str, Any]) -> str:
             else tok["corpus_source"]
         ),
         "",
-        f"memory      per device, {mem['precision']}{' (torch autocast mixed precision)' if mixed else ''}, "
+        f"memory      per device, {mem['precision']}{f' ({amp} mixed precision)' if mixed else ''}, "
         f"micro-batch {mem['micro_batch_size']} x {m['context_length']} tokens, "
         f"gradient checkpointing {'on' if mem['gradient_checkpointing'] else 'off'}"
         + (f", FSDP state sharded {mem['num_gpus']} ways" if mem["sharding"] == "fsdp" else ""),
@@ -496,6 +505,7 @@ def run(cfg: ForgeConfig, force: bool = False, hardware: str | None = None, **op
     pretrain_manifest = run_dir(cfg) / "pretrain" / "manifest.json"
     if measured_mfu(cfg)[0] is not None:
         inputs["pretrain_manifest"] = pretrain_manifest
+    inputs["train_sharding"] = cfg.train.sharding  # execution-only for pretrain (out of the config hash), not here
     stage = Stage(name="plan", cfg=cfg, sections=("plan", "model", "train", "tokenizer"), inputs=inputs)
 
     def body(stage: Stage) -> dict[str, float]:

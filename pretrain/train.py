@@ -6,9 +6,13 @@ then export the best checkpoint as a transformers model directory.
     accelerate launch --multi_gpu --num_processes 2 -m forge.cli pretrain --config configs/tiny-cpu.yaml
         # no GPU: 2 CPU processes over gloo (`--multi_gpu` picks the torchrun launcher; `--cpu` would start one)
     torchrun --nproc_per_node 8 --nnodes 2 --rdzv-endpoint HOST:29500 -m forge.cli pretrain --config ...  # 2 nodes
+    torchrun --nproc_per_node 8 -m forge.cli pretrain --config configs/1b.yaml --set train.sharding=fsdp  # FSDP
 
 Each process trains on its slice of the global batch (`train.micro_batch_size` x `train.grad_accum_steps` per
-process); the main process alone writes the manifest, checkpoints, metrics and MLflow.
+process); the main process alone writes the manifest, checkpoints, metrics and MLflow. train.sharding picks how
+the processes hold the model: ddp, a whole copy each, or fsdp, a 1/N shard each (see pretrain/sharding.py);
+checkpoints and the export hold whole tensors either way, so a run resumes on any number of processes, sharded or
+not.
 
 Reads `runs/<run>/tokenizer/` (tokenizer files and `shards/`); writes into `runs/<run>/pretrain/`:
   checkpoints/step-NNNNNNN/   the last `train.keep_checkpoints` full checkpoints (see pretrain/checkpoint.py)
@@ -46,8 +50,9 @@ from forge.config import ForgeConfig, TrainConfig
 from forge.lineage import Stage, atomic_path, atomic_write_json, atomic_write_text, read_manifest, run_dir, run_stage
 from pretrain import checkpoint as ckpt
 from pretrain.hardware import flops_per_token, peak_flops
-from pretrain.loader import WindowLoader, eval_windows, iter_eval_batches
+from pretrain.loader import IGNORE, WindowLoader, eval_windows, iter_eval_batches
 from pretrain.monitor import LossSpikes, ValRise, check_finite
+from pretrain.sharding import clip_grad_norm, local_parameters, shard, use_fsdp
 from pretrain.token_shards import load_split, read_meta
 
 log = logging.getLogger("forge.pretrain")
@@ -132,12 +137,22 @@ def make_accelerator(tcfg: TrainConfig):
         mixed_precision=mixed, cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False
     )
     if accelerator.distributed_type == "FSDP":
-        # checkpoints, the best weights and the export save unsharded tensors; under FSDP they would hold shards
+        # Accelerate's FSDP plugin would wrap the model its own way and ignore train.sharding; one path shards
         raise ForgeError(
-            "accelerate launch with FSDP: forge pretrain trains data-parallel only (its checkpoints hold whole "
-            "tensors); launch without --use_fsdp (FSDP's memory per GPU: forge plan --set plan.sharding=fsdp)"
+            "accelerate launch --use_fsdp: forge pretrain shards with its own FSDP (whole-tensor checkpoints); "
+            "launch without --use_fsdp and set train.sharding=fsdp"
         )
     return accelerator
+
+
+def prepare(model: torch.nn.Module, tcfg: TrainConfig, accelerator, precision: str):
+    """The model and optimizer to train and whether the model is sharded: FSDP2 over the processes, or handed to
+    Accelerate (DDP, device placement, autocast). The optimizer goes to Accelerate either way (fp16 loss scaling)."""
+    if use_fsdp(tcfg, accelerator.num_processes, precision):
+        shard(model, accelerator.device.type, precision)  # first: the optimizer must hold the sharded parameters
+        return model, accelerator.prepare(make_optimizer(model, tcfg, accelerator.device)), True
+    model, optimizer = accelerator.prepare(model, make_optimizer(model, tcfg, accelerator.device))
+    return model, optimizer, False
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -182,10 +197,12 @@ def train(stage: Stage, accelerator, key: dict[str, Any], resume: bool) -> dict[
     if tcfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     n_params = count_parameters(mcfg, vocab)
-    optimizer = make_optimizer(model, tcfg, accelerator.device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, tcfg))
-    model, optimizer = accelerator.prepare(model, optimizer)
-    raw_model = accelerator.unwrap_model(model)
+    model, optimizer, sharded = prepare(model, tcfg, accelerator, precision)
+    raw_model = accelerator.unwrap_model(model)  # under fsdp, the sharded model itself
+    torch_optimizer = optimizer.optimizer  # under Accelerate's wrapper: what torch.distributed.checkpoint reads
+    scheduler = torch.optim.lr_scheduler.LambdaLR(torch_optimizer, lambda step: lr_factor(step, tcfg))
+    held = gather_object([local_parameters(raw_model)])  # each process's share: all, or 1/N under fsdp
+    parameters = list(model.parameters())
     forward = torch.compile(model) if tcfg.compile else model
     flops_token = flops_per_token(mcfg, vocab)
     device_peak = peak_flops(accelerator.device.type, precision, cfg)
@@ -203,7 +220,7 @@ def train(stage: Stage, accelerator, key: dict[str, Any], resume: bool) -> dict[
         state = None
     if state is not None:
         path = found[-1][1]
-        state = ckpt.load(path, raw_model, optimizer, rank=rank, device=accelerator.device)
+        state = ckpt.load(path, raw_model, torch_optimizer, rank=rank)
         scheduler.load_state_dict(state["scheduler"])
         if accelerator.scaler is not None and state.get("scaler"):
             accelerator.scaler.load_state_dict(state["scaler"])
@@ -232,9 +249,12 @@ def train(stage: Stage, accelerator, key: dict[str, Any], resume: bool) -> dict[
             f"{n_params:,}", world, accelerator.device.type, precision, global_batch, T, tcfg.max_steps,
             tcfg.max_steps * global_batch / loader.windows_per_epoch,
         )  # fmt: skip
+        log.info("pretrain: %s, parameters held per process: %s", "FSDP" if sharded else "unsharded",
+                 " / ".join(f"{n:,}" for n in held))  # fmt: skip
         if tracker is not None:
             tracker.log_params({"pretrain": {"parameters": n_params, "precision": precision, "processes": world,
-                                             "resumed_from_step": step, "flops_per_token": flops_token}})  # fmt: skip
+                                             "sharding": "fsdp" if sharded else "ddp", "resumed_from_step": step,
+                                             "flops_per_token": flops_token}})  # fmt: skip
     metrics_file = open(stage.dir / METRICS, "a", encoding="utf-8") if main else None  # noqa: SIM115
 
     def write(record: dict[str, Any]) -> None:
@@ -244,15 +264,16 @@ def train(stage: Stage, accelerator, key: dict[str, Any], resume: bool) -> dict[
 
     def save_checkpoint(at: int) -> str:
         rng = gather_object([ckpt.capture_rng()])
+        state = {
+            "config_hash": key["config_hash"], "inputs": key["inputs"], "tokens_seen": tokens_seen,
+            "world_size": world, "sharding": "fsdp" if sharded else "ddp", "precision": precision,
+            "scheduler": scheduler_state(scheduler),
+            "scaler": accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
+            "loader": loader.state_dict(), "val_rise": val_rise.state_dict(), "spikes": spikes.state_dict(),
+            "best": best,
+        }  # fmt: skip
+        ckpt.save(ckpt_root, at, raw_model, torch_optimizer, rng, state)  # every process: FSDP gathers the shards
         if main:
-            state = {
-                "config_hash": key["config_hash"], "inputs": key["inputs"], "tokens_seen": tokens_seen,
-                "world_size": world, "precision": precision, "scheduler": scheduler_state(scheduler),
-                "scaler": accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
-                "loader": loader.state_dict(), "val_rise": val_rise.state_dict(), "spikes": spikes.state_dict(),
-                "best": best,
-            }  # fmt: skip
-            ckpt.save(ckpt_root, at, raw_model, optimizer, rng, state)
             ckpt.prune(ckpt_root, tcfg.keep_checkpoints, keep=set())
         accelerator.wait_for_everyone()
         return ckpt.step_dir(ckpt_root, at).name
@@ -275,8 +296,7 @@ def train(stage: Stage, accelerator, key: dict[str, Any], resume: bool) -> dict[
                     tracker.log_metrics({"val/loss": first, "val/ppl": _ppl(first)}, step=0)
                 val_rise.update(0, first)
                 best = {"val_loss": first, "step": 0}
-                if main:
-                    save_best(best_dir, raw_model, best)
+                save_best(best_dir, raw_model, best)
                 interval_start = time.perf_counter()
             while step < tcfg.max_steps:
                 t0 = time.perf_counter()
@@ -285,14 +305,16 @@ def train(stage: Stage, accelerator, key: dict[str, Any], resume: bool) -> dict[
                 total = torch.zeros((), device=accelerator.device)
                 for i, (x, y) in enumerate(micro_batches):
                     x, y = x.to(accelerator.device, non_blocking=True), y.to(accelerator.device, non_blocking=True)
-                    sync = i == len(micro_batches) - 1
+                    # DDP all-reduces once, at the last micro-batch; FSDP reduce-scatters each one, so that
+                    # every process keeps only its shard of the gradients (what it is there to save)
+                    sync = i == len(micro_batches) - 1 or sharded
                     with contextlib.nullcontext() if sync else accelerator.no_sync(model):
                         loss = compute_loss(forward, x, y) / tcfg.grad_accum_steps
                         accelerator.backward(loss)
                     total += loss.detach()
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), tcfg.grad_clip or math.inf)
+                accelerator.unscale_gradients()  # fp16: the norm and the clipping are of the true gradients
+                grad_value = clip_grad_norm(parameters, tcfg.grad_clip or math.inf)
                 loss_value = accelerator.reduce(total, "mean").item()
-                grad_value = float(grad_norm)
                 check_finite(step + 1, loss_value, None if precision == "fp16" else grad_value, last_ckpt, lr)
                 optimizer.step()
                 scheduler.step()
@@ -336,8 +358,7 @@ def train(stage: Stage, accelerator, key: dict[str, Any], resume: bool) -> dict[
                         tracker.log_metrics({"val/loss": val_loss, "val/ppl": _ppl(val_loss)}, step=step)
                     if val_loss < best["val_loss"]:
                         best = {"val_loss": val_loss, "step": step}
-                        if main:
-                            save_best(best_dir, raw_model, best)
+                        save_best(best_dir, raw_model, best)
                     if (flag := val_rise.update(step, val_loss)) is not None:
                         log.warning("pretrain: %s", flag)
                         if tracker:
@@ -438,8 +459,10 @@ def evaluate(model, tokens, starts, context_length: int, batch_size: int, accele
     for x, y in iter_eval_batches(tokens, starts, context_length, batch_size, rank, world):
         x, y = x.to(accelerator.device), y.to(accelerator.device)
         logits = model(input_ids=x, use_cache=False).logits
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
-        total += torch.stack([loss.double(), torch.tensor(float(y.numel()), dtype=torch.float64, device=y.device)])
+        loss = F.cross_entropy(
+            logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum", ignore_index=IGNORE
+        )
+        total += torch.stack([loss.double(), (y != IGNORE).sum().double()])
     model.train()
     total = accelerator.reduce(total, "sum")
     return float(total[0] / total[1])
@@ -458,11 +481,14 @@ def _ppl(loss: float) -> float:
 
 
 def save_best(best_dir: Path, model: torch.nn.Module, best: dict[str, Any]) -> None:
-    from safetensors.torch import save_model
-
+    """The whole weights with the lowest val loss so far. Every process calls it (FSDP gathers the shards); the
+    main process writes."""
+    weights, _ = ckpt.full_state(model)
+    if not ckpt.is_main():
+        return
     with atomic_path(best_dir) as tmp:
         tmp.mkdir(parents=True)
-        save_model(model, str(tmp / "model.safetensors"))
+        ckpt.write_weights(weights, tmp / "model.safetensors", model)
         (tmp / "state.json").write_text(json.dumps(best) + "\n", encoding="utf-8")
 
 
@@ -514,7 +540,7 @@ def export(best_dir: Path, out: Path, cfg: ForgeConfig, vocab: int, ids: dict[st
     if not (best_dir / "model.safetensors").is_file():
         raise ForgeError(f"no best checkpoint in {best_dir}: the run evaluated nothing to export")
     model = build_model(cfg.model, vocab, **{f"{k}_id": v for k, v in ids.items()})
-    ckpt.load_weights(best_dir, model)
+    model.load_state_dict(ckpt.read_weights(best_dir, model))  # a plain model, on the main process alone
     model.config.use_cache = True
     model.generation_config = GenerationConfig(
         bos_token_id=ids.get("bos"), eos_token_id=ids.get("eos"), pad_token_id=ids.get("pad"),

@@ -108,7 +108,7 @@ def test_time_scales_with_tokens_mfu_and_gpus():
 
 def test_fsdp_shards_the_training_state_across_gpus_and_rescues_an_oom():
     ddp = plan_for("1b", "plan.num_gpus=8", hardware="rtx4090")
-    fsdp = plan_for("1b", "plan.num_gpus=8", "plan.sharding=fsdp", hardware="rtx4090")
+    fsdp = plan_for("1b", "plan.num_gpus=8", "train.sharding=fsdp", hardware="rtx4090")
     n = ddp["model"]["parameters"]
     d, f = ddp["memory"], fsdp["memory"]
     assert d["state"]["adamw_states"] == 8 * n and f["state"]["adamw_states"] == 8 * n / 8
@@ -121,12 +121,20 @@ def test_fsdp_shards_the_training_state_across_gpus_and_rescues_an_oom():
     )
     assert d["total_by_sharding"] == f["total_by_sharding"] and d["total_by_sharding"]["fsdp"] == f["total"]
     assert d["verdict"] == "OOM" and f["verdict"] == "fits"
-    assert d["advice"][0].startswith("plan.sharding=fsdp (FSDP over the 8 GPUs)"), d["advice"]
+    assert d["advice"][0].startswith("train.sharding=fsdp (FSDP over the 8 GPUs)"), d["advice"]
     assert "FSDP state sharded 8 ways" in render_text(fsdp) and "FSDP gathered unit" in render_text(fsdp)
-    # one GPU: nothing to shard across, FSDP only adds its buffers
-    one, one_ddp = (plan_for("1b", *s, hardware="a100-80gb")["memory"] for s in (["plan.sharding=fsdp"], []))
-    assert one["total"] == pytest.approx(one_ddp["total"] - one_ddp["state"]["weights"] + one["fsdp_gathered"])
     assert time_of(ddp) == time_of(fsdp), "compute per token is the same; communication is not modelled"
+
+
+def test_fsdp_on_one_gpu_is_planned_as_what_pretrain_runs_there_unsharded():
+    one, one_ddp = (plan_for("1b", *s, hardware="a100-80gb") for s in (["train.sharding=fsdp"], []))
+    assert one["memory"] == one_ddp["memory"] and one["memory"]["sharding"] == "ddp"
+    assert any("train.sharding=fsdp on plan.num_gpus=1: nothing to shard" in w for w in one["warnings"])
+
+
+def test_the_old_plan_sharding_key_names_its_replacement():
+    with pytest.raises(ForgeError, match=r"plan.sharding='fsdp': the setting moved to train.sharding"):
+        load_config(None, ["plan.sharding=fsdp"])
 
 
 def time_of(plan: dict) -> float:

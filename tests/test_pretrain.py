@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from forge import ForgeError
 from forge.config import load_config
 from pretrain import checkpoint as ckpt
-from pretrain.loader import WindowLoader
+from pretrain.loader import IGNORE, WindowLoader, iter_eval_batches
 from pretrain.monitor import Diverged, LossSpikes, ValRise
 
 REPO = Path(__file__).resolve().parent.parent
@@ -222,6 +223,16 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tmp_path):
     for index, values in a["state"].items():
         assert all(torch.equal(values[k], b["state"][index][k]) for k in values)
 
+    # a tied weight is stored once, under its first name; a file that has it under another (checkpoints written
+    # before this rule kept safetensors' choice, the head's name) loads the same
+    assert "1.weight" not in load_file(path / "model.safetensors")
+    save_file({"1.weight": model[0].weight.detach(), "1.bias": model[1].bias.detach()}, tmp_path / "model.safetensors")
+    with torch.no_grad():
+        other[0].weight.zero_()
+    ckpt.load_weights(tmp_path, other)
+    assert torch.equal(other[0].weight, model[0].weight) and other[1].weight is other[0].weight
+    (tmp_path / "model.safetensors").unlink()
+
     for step in (10, 15, 20):
         ckpt.save(tmp_path, step, model, opt, rng, {})
     (tmp_path / ".step-0000025.tmp-1").mkdir()  # what a SIGKILL during a write leaves
@@ -229,6 +240,32 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tmp_path):
     assert ckpt.prune(tmp_path, keep_last=2, keep={5}) == [10]
     ckpt.clean_partial(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-0000005", "step-0000015", "step-0000020"]
+
+
+def test_eval_batches_are_as_many_on_every_process():
+    """FSDP's forward is collective: a process out of windows runs one more whose targets are all ignored."""
+    tokens = np.arange(1000, dtype=np.uint16)
+    starts = np.arange(5) * 17
+    shares = [list(iter_eval_batches(tokens, starts, 16, 2, rank, 2)) for rank in (0, 1)]
+    assert [len(s) for s in shares] == [2, 2]
+    counted = sorted(
+        int(x[i, 0]) for share in shares for x, y in share for i in range(len(x)) if (y[i] != IGNORE).all()
+    )
+    assert counted == starts.tolist(), "every window counted once"
+    assert (shares[1][1][1] == IGNORE).all(), "rank 1 has 2 windows: its second batch is padding"
+
+
+def test_fsdp_on_one_process_trains_unsharded_and_refuses_fp16(caplog):
+    from pretrain.sharding import use_fsdp
+
+    tcfg = load_config(None, ["train.sharding=fsdp"]).train
+    with caplog.at_level("WARNING", logger="forge.pretrain"):
+        assert use_fsdp(tcfg, 1, "fp16") is False
+    assert "train.sharding=fsdp on 1 process: nothing to shard" in caplog.text
+    assert use_fsdp(tcfg, 2, "bf16") is True
+    assert use_fsdp(tcfg.model_copy(update={"sharding": "ddp"}), 2, "fp32") is False
+    with pytest.raises(ForgeError, match="train.sharding=fsdp with fp16: .* set train.precision=bf16"):
+        use_fsdp(tcfg, 2, "fp16")
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
