@@ -6,7 +6,8 @@ eval.json (format "forge-eval/1"):
   passed      false if any red flag failed, else true (flags that could not run, passed=null, do not count)
   metrics     one entry per metric: {"name", "value", "higher_is_better", "group", "artifact_sha256",
               "random_init" (the same metric for a random-init model of the same shape, when measured),
-              "chance" (multiple choice), "details"}
+              "chance" (multiple choice), "details"}; group "domain" holds the headline metrics, "domain_by_type"
+              the same per question type of the embedded Q&A set ("qa_f1.kind", "mc_acc.describe", ...)
   flags       one entry per red flag: {"name", "passed", "value", "threshold", "evidence", "artifact_sha256", ...}
   benchmarks  lm-eval scores: {"task", "metric", "value", "stderr", "artifact_sha256"} (null when not run)
   samples     the seeded generations: {"prompt", "seed", "text"}
@@ -63,6 +64,13 @@ def build_eval(
         if name == "perplexity":
             extra["details"] = result["perplexity"]
         metrics.append(metric(name, _get(result, path), higher, "domain", **extra))
+    for task in ("qa", "mc"):  # per question type ("qa_f1.kind"): group domain_by_type
+        for name, value in result[task].items():
+            if "." in name:
+                higher = None if name.startswith((f"{task}_examples.", "qa_constant_")) else True
+                random_init = None if baseline is None else baseline[task].get(name)
+                chance = result["mc"]["mc_chance"] if task == "mc" and higher else None
+                metrics.append(metric(name, value, higher, "domain_by_type", random_init=random_init, chance=chance))
     metrics += [
         metric("qa_examples", result["qa"]["qa_examples"], None, "domain"),
         metric("qa_empty_rate", result["qa"]["qa_empty_rate"], None, "domain"),
@@ -159,6 +167,16 @@ def sections(report: dict[str, Any], plots: list[str]) -> list[tuple[str, list[s
          _beats(m)]
         for m in report["metrics"] if m["group"] == "domain"
     ]  # fmt: skip
+    typed = [m for m in report["metrics"] if m["group"] == "domain_by_type"]
+    counts = {m["name"]: m["value"] for m in typed if m["higher_is_better"] is None}  # "qa_examples.kind": 120
+    by_type = []
+    for m in sorted(typed, key=lambda m: m["name"].partition(".")[2]):
+        if m["higher_is_better"] is not None:  # "qa_f1.kind": task qa, question type kind
+            name, _, qtype = m["name"].partition(".")
+            examples = counts.get(f"{name.split('_')[0]}_examples.{qtype}")
+            floor = m.get("chance") if name.startswith("mc_") else counts.get(f"qa_constant_{name[3:]}.{qtype}")
+            by_type.append([qtype, name, fmt(examples), fmt(m["value"]), fmt(m.get("random_init")), fmt(floor),
+                            _beats(m)])  # fmt: skip
     flags = [[f["name"], {True: "pass", False: "FAIL", None: "n/a"}[f["passed"]], fmt(f["value"]),
               fmt(f["threshold"]), f["evidence"]] for f in report["flags"]]  # fmt: skip
     out = [
@@ -166,6 +184,11 @@ def sections(report: dict[str, Any], plots: list[str]) -> list[tuple[str, list[s
         ("Domain metrics", ["metric", "model", "random init", "chance", "better", "model beats random init"], domain),
         ("Red flags", ["flag", "result", "value", "threshold", "evidence"], flags),
     ]
+    if by_type:
+        # the floor: chance for multiple choice; for exact match, the best constant answer ("a method" every time)
+        header = ["question type", "metric", "examples", "model", "random init", "chance / best constant answer",
+                  "model beats random init"]  # fmt: skip
+        out.insert(2, ("Domain metrics by question type", header, by_type))
     if report["benchmarks"]:
         bench = [[b["task"], b["metric"], fmt(b["value"]), fmt(b.get("stderr"))] for b in report["benchmarks"]]
         out.append(("Benchmarks (lm-evaluation-harness)", ["task", "metric", "value", "stderr"], bench))

@@ -10,6 +10,10 @@
                 seed per prompt, saved for the report and measured by the repetition and incoherence flags
   memorisation  greedy continuation of training documents versus test documents: the share reproduced verbatim
 
+Records with a question type (the embedded set: describe, details, members) are also scored per type
+("qa_f1.describe", "mc_acc.members"), with the exact match of the best constant answer as each type's floor: a
+headline mean can hide a type at chance, and a model that learnt only the commonest answer scores that floor.
+
 Prompts: a chat model (it has a chat template and is not a raw pretraining export) gets the question through its
 chat template and answers until its end-of-turn (EOS); a base model gets "Question: ...\\nAnswer:" and its answer
 ends at EOS or the first blank line.
@@ -130,8 +134,9 @@ def run_qa(
         new = backend.generate(prompt, max_new_tokens, stop_ids=stops, stop_text=None if chat else "\n\n")
         text = cut_answer(backend.decode([t for t in new if t not in stops]), chat)
         predictions.append({
-            "question": record["question"], "reference": record["answer"], "prediction": text,
-            "f1": token_f1(text, record["answer"]), "exact_match": exact_match(text, record["answer"]),
+            "question": record["question"], "qtype": record.get("qtype"), "reference": record["answer"],
+            "prediction": text, "f1": token_f1(text, record["answer"]),
+            "exact_match": exact_match(text, record["answer"]),
         })  # fmt: skip
     n = max(len(predictions), 1)
     metrics = {
@@ -140,7 +145,35 @@ def run_qa(
         "qa_examples": float(len(predictions)),
         "qa_empty_rate": sum(not p["prediction"] for p in predictions) / n,  # e.g. greedy decoding only newlines
     }
-    return metrics, predictions
+    typed = by_qtype(predictions, {"qa_f1": "f1", "qa_exact_match": "exact_match"}, "qa_examples")
+    for qtype in {p["qtype"] for p in predictions} if typed else ():
+        references = [p["reference"] for p in predictions if p["qtype"] == qtype]
+        typed[f"qa_constant_exact_match.{qtype}"] = best_constant_exact_match(references)
+    return metrics | typed, predictions
+
+
+def best_constant_exact_match(references: Sequence[str]) -> float:
+    """Exact match of the best constant answer (the commonest reference): the floor a short-answer question type
+    must beat, since a model that learnt only the label prior ("a method" every time) scores this much."""
+    counts = Counter(normalize_answer(r) for r in references)
+    return max(counts.values()) / len(references) if references else 0.0
+
+
+def by_qtype(rows: list[dict[str, Any]], fields: dict[str, str], count: str) -> dict[str, float]:
+    """`metric.qtype`: the mean of each row field per question type, and `count.qtype`, when the rows carry
+    question types (the embedded Q&A set does; a user's file does not): a headline mean can hide a type at chance."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("qtype") is None:
+            return {}
+        groups.setdefault(row["qtype"], []).append(row)
+    out = {}
+    for qtype, group in sorted(groups.items()):
+        out |= {
+            f"{metric}.{qtype}": sum(float(r[field]) for r in group) / len(group) for metric, field in fields.items()
+        }
+        out[f"{count}.{qtype}"] = float(len(group))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -171,7 +204,8 @@ def build_mc_items(records: list[dict[str, Any]], choices: int, seed: int) -> li
         options = [record["answer"], *picked]
         rng.shuffle(options)
         items.append({
-            "question": record["question"], "choices": options, "gold": options.index(record["answer"]),
+            "question": record["question"], "qtype": record.get("qtype"), "choices": options,
+            "gold": options.index(record["answer"]),
             **({"messages": record["messages"]} if record.get("messages") else {}),
         })  # fmt: skip
     return items
@@ -184,19 +218,21 @@ def run_mc(backend: Backend, items: list[dict[str, Any]], chat: bool) -> tuple[d
         context = question_prompt(backend, item, chat)
         scores = [backend.continuation_logprob(context, answer_ids(backend, c, chat)) for c in item["choices"]]
         norm = [s / max(len(c), 1) for s, c in zip(scores, item["choices"], strict=True)]
+        pred, pred_norm = int(np.argmax(scores)), int(np.argmax(norm))
         rows.append({
-            "question": item["question"], "gold": item["gold"], "pred": int(np.argmax(scores)),
-            "pred_norm": int(np.argmax(norm)), "logprobs": [round(s, 4) for s in scores],
+            "question": item["question"], "qtype": item.get("qtype"), "gold": item["gold"], "pred": pred,
+            "pred_norm": pred_norm, "correct": pred == item["gold"], "correct_norm": pred_norm == item["gold"],
+            "logprobs": [round(s, 4) for s in scores],
         })  # fmt: skip
     n = max(len(rows), 1)
     k = len(items[0]["choices"]) if items else 0
     metrics = {
-        "mc_acc": sum(r["pred"] == r["gold"] for r in rows) / n,
-        "mc_acc_norm": sum(r["pred_norm"] == r["gold"] for r in rows) / n,
+        "mc_acc": sum(r["correct"] for r in rows) / n,
+        "mc_acc_norm": sum(r["correct_norm"] for r in rows) / n,
         "mc_chance": 1 / k if k else 0.0,
         "mc_examples": float(len(rows)),
     }
-    return metrics, rows
+    return metrics | by_qtype(rows, {"mc_acc": "correct", "mc_acc_norm": "correct_norm"}, "mc_examples"), rows
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -129,9 +129,17 @@ def tables(card: dict[str, Any]) -> list[render.Table]:
              ["best val perplexity", fmt(pre.get("best_val_ppl"))], ["tokens/s", fmt(pre.get("tokens_per_s"))],
              ["MFU (%)", fmt(pre.get("mfu"))]]  # fmt: skip
     ev = card["eval"]
+    by_type = sorted(
+        {
+            name
+            for t in ("pretrain", "sft")
+            for name, metric in ev[t].items()
+            if metric.get("group") == "domain_by_type" and metric.get("higher_is_better")
+        }
+    )  # "mc_acc.kind"
     evals = [[name, fmt(ev["pretrain"].get(name, {}).get("value")), fmt(ev["sft"].get(name, {}).get("value")),
               fmt(ev["sft"].get(name, {}).get("random_init")), fmt(ev["sft"].get(name, {}).get("chance"))]
-             for name in DOMAIN_METRICS]  # fmt: skip
+             for name in (*DOMAIN_METRICS, *by_type)]  # fmt: skip
     flag_names = dict.fromkeys([*card["flags"]["pretrain"], *card["flags"]["sft"]])
     flags = [[name, *(_flag(card["flags"][t].get(name)) for t in ("pretrain", "sft"))] for name in flag_names]
     quant = [[name, fmt(a.get("size_mb")), fmt(a.get("ppl")), f"{100 * (a.get('ppl_drift') or 0):+.3f} %",

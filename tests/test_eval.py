@@ -209,6 +209,41 @@ def test_f1_and_exact_match_follow_squad_normalisation():
     assert tasks.token_f1("", "x") == 0.0 and tasks.token_f1("a b", "c d") == 0.0
 
 
+def test_metrics_by_question_type_are_reported_beside_the_headline():
+    from evaluation.report import build_eval, to_markdown
+
+    rows = [{"qtype": "members", "f1": 1.0, "exact_match": 1.0}, {"qtype": "members", "f1": 0.0, "exact_match": 0.0},
+            {"qtype": "describe", "f1": 0.3, "exact_match": 0.0}]  # fmt: skip
+    fields = {"qa_f1": "f1", "qa_exact_match": "exact_match"}
+    assert tasks.by_qtype(rows, fields, "qa_examples") == {
+        "qa_f1.describe": 0.3, "qa_exact_match.describe": 0.0, "qa_examples.describe": 1.0,
+        "qa_f1.members": 0.5, "qa_exact_match.members": 0.5, "qa_examples.members": 2.0,
+    }  # fmt: skip
+    assert tasks.by_qtype([*rows, {"f1": 1.0, "exact_match": 1.0}], fields, "qa_examples") == {}  # a user's file
+    # the floor of a label question: always answering the commonest label ("a method")
+    assert tasks.best_constant_exact_match(["a method", "A method.", "a class", "a module"]) == 0.5
+
+    def result(f1_members: float) -> dict:
+        return {"perplexity": {"ppl": 10.0}, "chat": True, "samples": [], "unigram_ppl": 50.0,
+                "qa": {"qa_f1": 0.4, "qa_exact_match": 0.2, "qa_examples": 3.0, "qa_empty_rate": 0.0,
+                       "qa_f1.members": f1_members, "qa_exact_match.members": f1_members, "qa_examples.members": 2.0,
+                       "qa_constant_exact_match.members": 0.5},
+                "mc": {"mc_acc": 0.5, "mc_acc_norm": 0.5, "mc_chance": 0.25, "mc_examples": 4.0,
+                       "mc_acc.members": 0.75, "mc_examples.members": 4.0}}  # fmt: skip
+
+    report = build_eval(target="m", artifact_kind="hf", sha256="0" * 64, result=result(0.5), baseline=result(0.0),
+                        flags=[], benchmarks=None, memorisation={"train": {"exact": 0.0}, "test": {"exact": 0.0}},
+                        reference_ppl=None)  # fmt: skip
+    by_type = {m["name"]: m for m in report["metrics"] if m["group"] == "domain_by_type"}
+    assert by_type["qa_f1.members"]["random_init"] == 0.0 and by_type["qa_f1.members"]["higher_is_better"] is True
+    assert by_type["mc_acc.members"]["chance"] == 0.25 and by_type["mc_examples.members"]["higher_is_better"] is None
+    assert {m["name"] for m in report["metrics"] if m["group"] == "domain"} >= {"qa_f1", "mc_acc"}
+    table = to_markdown(report, []).split("Domain metrics by question type")[1]
+    assert "| members | qa_f1 | 2 | 0.5 | 0 | - | yes |" in table  # examples, model, random init, (no floor), beats
+    assert "| members | qa_exact_match | 2 | 0.5 | 0 | 0.5 | yes |" in table  # floor: the best constant answer
+    assert "| members | mc_acc | 4 | 0.75 | 0.75 | 0.25 | no |" in table
+
+
 def test_repetition_metrics():
     loop = [1, 2, 3] * 10
     assert tasks.repeated_ngram_rate([loop], 4) > 0.8
