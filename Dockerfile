@@ -5,12 +5,13 @@
 #   mlflow     the tracking server and registry (sqlite in the runs volume, or Postgres + S3-compatible storage)
 #
 #   docker build --target serve-cpu -t forge-serve-cpu .
-#   buildah --storage-driver vfs bud --isolation chroot --layers --target train -t forge-train .
+#   buildah --storage-driver overlay bud --isolation chroot --layers --target train -t forge-train .   # vfs rootless
 #
-# llama.cpp is compiled portable (GGML_NATIVE=OFF: the x86-64 AVX2 baseline, not the build machine's CPU). That is
-# 10-25 minutes on 2 cores, so the `wheels` stage takes a prebuilt wheel from docker/wheels/ when one with the same
-# version and flags is there (docker/llama-wheel.sh builds it once into a wheelhouse outside the repo) and compiles
-# only otherwise. The compiler never reaches the train or serve-cpu images.
+# llama.cpp is compiled portable (GGML_NATIVE=OFF: the x86-64 AVX2 baseline, not the build machine's CPU), libraries
+# only (docker/llama-lib-only.cmake leaves out llama.cpp's unused `common`). That still takes many minutes on 2 cores,
+# so the `wheels` stage takes a prebuilt wheel from docker/wheels/ when one with the same version and flags is there
+# (docker/llama-wheel.sh builds it once into a wheelhouse outside the repo) and compiles only otherwise. The compiler
+# never reaches the train or serve-cpu images.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 ARG GPU_BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
 ARG LLAMA_CPP_VERSION=0.3.36
@@ -36,6 +37,7 @@ ARG LLAMA_CPP_VERSION
 ARG LLAMA_CMAKE_ARGS
 ARG PIP_CERT
 COPY docker/wheels/ /wheels/
+COPY docker/llama-lib-only.cmake /tmp/llama-lib-only.cmake
 # The compiler lives only in this stage; any current Debian version of it will do.
 # hadolint ignore=DL3008
 RUN if grep -qxF "cmake_args=${LLAMA_CMAKE_ARGS}" /wheels/BUILD-INFO 2>/dev/null \
@@ -47,7 +49,7 @@ RUN if grep -qxF "cmake_args=${LLAMA_CMAKE_ARGS}" /wheels/BUILD-INFO 2>/dev/null
         && apt-get update \
         && apt-get install -y --no-install-recommends build-essential cmake \
         && rm -rf /var/lib/apt/lists/* \
-        && CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip wheel --no-deps --no-binary llama-cpp-python -w /wheels \
+        && CMAKE_ARGS="${LLAMA_CMAKE_ARGS} -DCMAKE_PROJECT_INCLUDE=/tmp/llama-lib-only.cmake" pip wheel --no-deps --no-binary llama-cpp-python -w /wheels \
             "llama-cpp-python==${LLAMA_CPP_VERSION}"; \
     fi
 

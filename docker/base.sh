@@ -12,7 +12,7 @@ set -euo pipefail
 image="${1:-localhost/forge-base:bookworm}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 engine="${ENGINE:-buildah}"
-buildah=(buildah --storage-driver "${STORAGE_DRIVER:-vfs}")
+buildah=(buildah --storage-driver "$("$(dirname "$0")/storage-driver.sh")")
 exists() {
     if [ "$engine" = docker ]; then docker image inspect "$image" >/dev/null 2>&1
     else "${buildah[@]}" inspect --type image "$image" >/dev/null 2>&1; fi

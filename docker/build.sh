@@ -3,8 +3,9 @@
 #
 #   docker/build.sh [TARGET...]        # default: train serve-cpu mlflow (serve-gpu needs a CUDA base and vLLM)
 #
-# Engine: docker when an engine answers `docker info`, else buildah with flags that need no daemon and work
-# rootless (--storage-driver vfs, --isolation chroot, --layers for the layer cache).
+# Engine: docker when an engine answers `docker info`, else buildah with flags that need no daemon (--isolation
+# chroot, --layers for the layer cache) on the storage driver docker/storage-driver.sh picks: overlay as root where
+# the kernel mounts it, else vfs (rootless; every layer a full copy).
 # Base image: $BASE_IMAGE, else python:3.11-slim-bookworm; when that cannot be pulled (no Docker Hub), a Debian
 # bookworm + python3 image made by docker/base.sh (debootstrap) from the Debian mirror.
 # llama.cpp: docker/llama-wheel.sh builds the portable wheel once into a wheelhouse outside the repo and copies it to
@@ -18,8 +19,6 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(train serve-cpu mlflow)
 prefix="${FORGE_IMAGE_PREFIX:-forge}"
 tag="${FORGE_TAG:-latest}"
-storage="${STORAGE_DRIVER:-vfs}"
-
 if [ -n "${ENGINE:-}" ]; then
     engine="$ENGINE"
 elif command -v docker >/dev/null && docker info >/dev/null 2>&1; then
@@ -29,6 +28,11 @@ elif command -v buildah >/dev/null; then
 else
     echo "images: no Docker engine answers and buildah is missing (apt-get install buildah debootstrap)" >&2
     exit 2
+fi
+storage=docker
+if [ "$engine" = buildah ]; then
+    storage=$(docker/storage-driver.sh)
+    export STORAGE_DRIVER="$storage"  # base.sh uses the same store
 fi
 buildah=(buildah --storage-driver "$storage")
 
@@ -96,7 +100,7 @@ PY
 
 for target in "${targets[@]}"; do
     image="$prefix-$target:$tag"
-    echo "== images: $image (target $target, base $base, $engine)" >&2
+    echo "== images: $image (target $target, base $base, $engine, storage $storage)" >&2
     start=$(date +%s)
     if [ "$engine" = docker ]; then
         docker build --target "$target" "${args[@]}" -t "$image" .
@@ -109,7 +113,7 @@ for target in "${targets[@]}"; do
     seconds=$(( $(date +%s) - start ))
     echo "images: $image built in ${seconds}s, size $size"
     if [ -n "${FORGE_IMAGE_REPORT:-}" ]; then
-        printf '{"image": "%s", "target": "%s", "engine": "%s", "base": "%s", "seconds": %s, "size": "%s"}\n' \
-            "$image" "$target" "$engine" "$base" "$seconds" "$size" >> "$FORGE_IMAGE_REPORT"
+        printf '{"image": "%s", "target": "%s", "engine": "%s", "storage": "%s", "base": "%s", "seconds": %s, "size": "%s"}\n' \
+            "$image" "$target" "$engine" "$storage" "$base" "$seconds" "$size" >> "$FORGE_IMAGE_REPORT"
     fi
 done
