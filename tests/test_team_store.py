@@ -1,0 +1,170 @@
+"""The team registry (issue 14; compose.yaml's `team` profile) without containers: the same server entrypoint
+(docker/mlflow-server.sh) with docker/team.env's settings, on a real PostgreSQL server (Debian's postgresql, a
+throwaway cluster) and a real S3-compatible endpoint (moto's server). A candidate is registered, promoted and
+resolved through the tracking server alone: its rows must land in Postgres, its files in the bucket, and what
+`serve` downloads back must hash to what was registered.
+
+Needs PostgreSQL's server binaries (`apt-get install postgresql`; .ci/run installs them) and the dev extras.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from test_registry import REPO, config, model_src, register  # noqa: F401 - fixture
+
+from forge.lineage import sha256_file, sha256_tree
+from serve import registry
+
+TEAM_ENV = dict(line.split("=", 1) for line in (REPO / "docker" / "team.env").read_text().splitlines() if "=" in line)
+PASSWORD = "team-test-password"  # the shell's FORGE_DB_PASSWORD in a real deployment
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "forge-test", "AWS_SECRET_ACCESS_KEY": "forge-test-secret",
+           "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+
+
+def postgres_bin(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or [shutil.which(name)]
+    if not found[-1]:
+        pytest.fail(f"PostgreSQL's {name} is missing: apt-get install postgresql (.ci/run does)")
+    return found[-1]
+
+
+def as_postgres(cmd: list[str]) -> list[str]:
+    # initdb and postgres refuse to run as root; Debian's package creates the `postgres` user
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[dict[str, str]]:
+    """A throwaway cluster on a loopback port, password authentication, the team profile's user and database."""
+    import psycopg
+
+    root = Path(tempfile.mkdtemp(prefix="forge-pg-"))  # under /tmp: the postgres user must reach it
+    data, pwfile = root / "data", root / "pw"
+    pwfile.write_text(PASSWORD + "\n")
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+        shutil.chown(pwfile, "postgres")
+    user, port = TEAM_ENV["FORGE_DB_USER"], free_port()
+    subprocess.run(as_postgres([postgres_bin("initdb"), "-D", str(data), "-U", user, "--auth=scram-sha-256",
+                                f"--pwfile={pwfile}"]), check=True, capture_output=True)  # fmt: skip
+    options = f"-p {port} -c listen_addresses=127.0.0.1 -k {root}"
+    ctl = postgres_bin("pg_ctl")
+    subprocess.run(as_postgres([ctl, "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]),
+                   check=True, capture_output=True)  # fmt: skip
+    try:
+        with psycopg.connect(host="127.0.0.1", port=port, user=user, password=PASSWORD, dbname="postgres",
+                             autocommit=True) as conn:  # fmt: skip
+            conn.execute(f'CREATE DATABASE "{TEAM_ENV["FORGE_DB_NAME"]}"')  # the postgres image makes it from env
+        yield {"FORGE_DB_HOST": "127.0.0.1", "FORGE_DB_PORT": str(port), "FORGE_DB_USER": user,
+               "FORGE_DB_NAME": TEAM_ENV["FORGE_DB_NAME"], "FORGE_DB_PASSWORD": PASSWORD}  # fmt: skip
+    finally:
+        subprocess.run(as_postgres([ctl, "-D", str(data), "-m", "fast", "stop"]), capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    """moto's S3-compatible server on a loopback port, empty (as MinIO starts); yields its endpoint."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def team_server(postgres, s3, tmp_path_factory) -> Iterator[str]:
+    """docker/mlflow-server.sh with the team settings; yields the tracking URL."""
+    port = free_port()
+    env = {**os.environ, **postgres, **S3_KEYS, "MLFLOW_S3_ENDPOINT_URL": s3, "MLFLOW_HOST": "127.0.0.1",
+           "MLFLOW_PORT": str(port), "FORGE_ARTIFACT_BUCKET": TEAM_ENV["FORGE_ARTIFACT_BUCKET"],
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # fmt: skip
+    log_path = tmp_path_factory.mktemp("team-server") / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(["sh", str(REPO / "docker" / "mlflow-server.sh"), "--workers", "1"], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 180  # the first start creates MLflow's tables in Postgres
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"the team MLflow server did not start:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+    assert "backend postgresql+psycopg, artifacts s3://" in log_path.read_text()
+
+
+@pytest.mark.slow  # ~30-60 s: Postgres, the S3 endpoint and the server start, then a register and a download
+def test_team_store_keeps_the_registry_in_postgres_and_the_files_in_s3(
+    team_server,
+    postgres,
+    s3,
+    model_src,  # noqa: F811 - a fixture
+    isolated_runs,
+    monkeypatch,
+):
+    import boto3
+    import psycopg
+
+    # the client has no bucket credentials: artifacts go through the tracking server, which proxies them
+    for key in S3_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    name = "forge-team-test"
+    version = register(team_server, isolated_runs, "team", name, model_src)
+    cfg = config(team_server, "team", name)
+    assert registry.promote(cfg, name, version).passed
+
+    # the registry lives in Postgres: the version and its @production alias are rows there
+    with psycopg.connect(host="127.0.0.1", port=int(postgres["FORGE_DB_PORT"]), user=postgres["FORGE_DB_USER"],
+                         password=postgres["FORGE_DB_PASSWORD"], dbname=postgres["FORGE_DB_NAME"]) as conn:  # fmt: skip
+        versions = conn.execute("SELECT version FROM model_versions WHERE name = %s", (name,)).fetchall()
+        aliases = conn.execute(
+            "SELECT alias, version FROM registered_model_aliases WHERE name = %s", (name,)
+        ).fetchall()
+    assert [str(v) for (v,) in versions] == [version]
+    assert [(a, str(v)) for a, v in aliases] == [("production", version)]
+
+    # the files live in the bucket, byte for byte
+    bucket = boto3.client(
+        "s3",
+        endpoint_url=s3,
+        aws_access_key_id=S3_KEYS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=S3_KEYS["AWS_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
+    keys = [o["Key"] for page in bucket.get_paginator("list_objects_v2").paginate(
+        Bucket=TEAM_ENV["FORGE_ARTIFACT_BUCKET"]) for o in page.get("Contents", [])]  # fmt: skip
+    weights = [k for k in keys if k.endswith("model/model.safetensors")]
+    assert len(weights) == 1, keys
+    local = isolated_runs / "team" / "pretrain" / "model" / "model.safetensors"
+    stored = bucket.get_object(Bucket=TEAM_ENV["FORGE_ARTIFACT_BUCKET"], Key=weights[0])["Body"].read()
+    assert stored == local.read_bytes()
+    assert any(k.endswith(".gguf") for k in keys), keys
+
+    # serve's @production lookup downloads through the server what was registered
+    served = registry.resolve_production(cfg)
+    assert sha256_tree(served / "model") == sha256_tree(isolated_runs / "team" / "pretrain" / "model")
+    for gguf in (isolated_runs / "team" / "quantize").glob("*.gguf"):
+        assert sha256_file(served / "gguf" / gguf.name) == sha256_file(gguf)
