@@ -22,14 +22,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_for_mlflow(url: str, proc, log_path, timeout: float) -> None:
+    """Until the MLflow server at `url` answers /health; fail with its log if it exits or takes too long."""
+    import time
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"the MLflow server at {url} did not start:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """A real `mlflow server` process on a free loopback port, over a sqlite store; yields its URL."""
     import os
     import subprocess
     import sys
-    import time
-    import urllib.request
     from pathlib import Path
 
     root = tmp_path_factory.mktemp("mlflow-server")
@@ -43,18 +60,7 @@ def mlflow_server(tmp_path_factory):
     log = open(root / "server.log", "wb")  # noqa: SIM115 - closed below, after the process ends
     proc = subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.5)
+    wait_for_mlflow(url, proc, root / "server.log", timeout=120)
     yield url
     proc.terminate()
     try:

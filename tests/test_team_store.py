@@ -15,13 +15,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import free_port, wait_for_mlflow
 from test_registry import REPO, config, model_src, register  # noqa: F401 - fixture
 
 from forge.lineage import sha256_file, sha256_tree
@@ -98,18 +96,7 @@ def team_server(postgres, s3, tmp_path_factory) -> Iterator[str]:
         proc = subprocess.Popen(["sh", str(REPO / "docker" / "mlflow-server.sh"), "--workers", "1"], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 180  # the first start creates MLflow's tables in Postgres
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"the team MLflow server did not start:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
+        wait_for_mlflow(url, proc, log_path, timeout=180)  # the first start creates MLflow's tables in Postgres
         yield url
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
