@@ -7,7 +7,7 @@ eval.json (format "forge-eval/1"):
   metrics     one entry per metric: {"name", "value", "higher_is_better", "group", "artifact_sha256",
               "random_init" (the same metric for a random-init model of the same shape, when measured),
               "chance" (multiple choice), "details"}; group "domain" holds the headline metrics, "domain_by_type"
-              the same per question type of the embedded Q&A set ("qa_f1.kind", "mc_acc.describe", ...)
+              the same per question type of the embedded Q&A set ("qa_f1.describe", "mc_acc.members", ...)
   flags       one entry per red flag: {"name", "passed", "value", "threshold", "evidence", "artifact_sha256", ...}
   benchmarks  lm-eval scores: {"task", "metric", "value", "stderr", "artifact_sha256"} (null when not run)
   samples     the seeded generations: {"prompt", "seed", "text"}
@@ -64,7 +64,7 @@ def build_eval(
         if name == "perplexity":
             extra["details"] = result["perplexity"]
         metrics.append(metric(name, _get(result, path), higher, "domain", **extra))
-    for task in ("qa", "mc"):  # per question type ("qa_f1.kind"): group domain_by_type
+    for task in ("qa", "mc"):  # per question type ("qa_f1.describe"): group domain_by_type
         for name, value in result[task].items():
             if "." in name:
                 higher = None if name.startswith((f"{task}_examples.", "qa_constant_")) else True
@@ -168,10 +168,10 @@ def sections(report: dict[str, Any], plots: list[str]) -> list[tuple[str, list[s
         for m in report["metrics"] if m["group"] == "domain"
     ]  # fmt: skip
     typed = [m for m in report["metrics"] if m["group"] == "domain_by_type"]
-    counts = {m["name"]: m["value"] for m in typed if m["higher_is_better"] is None}  # "qa_examples.kind": 120
+    counts = {m["name"]: m["value"] for m in typed if m["higher_is_better"] is None}  # "qa_examples.describe": 139
     by_type = []
     for m in sorted(typed, key=lambda m: m["name"].partition(".")[2]):
-        if m["higher_is_better"] is not None:  # "qa_f1.kind": task qa, question type kind
+        if m["higher_is_better"] is not None:  # "qa_f1.describe": task qa, question type describe
             name, _, qtype = m["name"].partition(".")
             examples = counts.get(f"{name.split('_')[0]}_examples.{qtype}")
             floor = m.get("chance") if name.startswith("mc_") else counts.get(f"qa_constant_{name[3:]}.{qtype}")
@@ -185,7 +185,7 @@ def sections(report: dict[str, Any], plots: list[str]) -> list[tuple[str, list[s
         ("Red flags", ["flag", "result", "value", "threshold", "evidence"], flags),
     ]
     if by_type:
-        # the floor: chance for multiple choice; for exact match, the best constant answer ("a method" every time)
+        # the floor: chance for multiple choice; for exact match, the best constant answer (the commonest reference)
         header = ["question type", "metric", "examples", "model", "random init", "chance / best constant answer",
                   "model beats random init"]  # fmt: skip
         out.insert(2, ("Domain metrics by question type", header, by_type))

@@ -154,7 +154,7 @@ def run_qa(
 
 def best_constant_exact_match(references: Sequence[str]) -> float:
     """Exact match of the best constant answer (the commonest reference): the floor a short-answer question type
-    must beat, since a model that learnt only the label prior ("a method" every time) scores this much."""
+    must beat, since a model that learnt only the commonest answer scores this much."""
     counts = Counter(normalize_answer(r) for r in references)
     return max(counts.values()) / len(references) if references else 0.0
 

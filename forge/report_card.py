@@ -136,7 +136,7 @@ def tables(card: dict[str, Any]) -> list[render.Table]:
             for name, metric in ev[t].items()
             if metric.get("group") == "domain_by_type" and metric.get("higher_is_better")
         }
-    )  # "mc_acc.kind"
+    )  # "mc_acc.describe"
     evals = [[name, fmt(ev["pretrain"].get(name, {}).get("value")), fmt(ev["sft"].get(name, {}).get("value")),
               fmt(ev["sft"].get(name, {}).get("random_init")), fmt(ev["sft"].get(name, {}).get("chance"))]
              for name in (*DOMAIN_METRICS, *by_type)]  # fmt: skip
