@@ -31,6 +31,7 @@ DOMAIN = [  # (metric, higher is better, key path in a measure() result)
     ("qa_exact_match", True, ("qa", "qa_exact_match")),
     ("mc_acc", True, ("mc", "mc_acc")),
     ("mc_acc_norm", True, ("mc", "mc_acc_norm")),
+    ("mc_acc_pmi", True, ("mc", "mc_acc_pmi")),
 ]
 
 

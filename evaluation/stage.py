@@ -322,7 +322,7 @@ def measure(
     chosen = tasks.select_qa(records, ecfg.qa_max_examples)
     qa, qa_predictions = tasks.run_qa(backend, chosen, chat, ecfg.max_new_tokens)
     items = tasks.build_mc_items(records, ecfg.mc_choices, cfg.seed)
-    items = tasks.select_qa(items, ecfg.qa_max_examples)
+    items = tasks.select_qa(items, ecfg.mc_max_examples)
     mc, mc_predictions = tasks.run_mc(backend, items, chat)
     if ecfg.prompts:
         prompts = [(p, backend.encode(backend.render_chat([{"role": "user", "content": p}]), special=True) if chat

@@ -4,8 +4,12 @@
                 reference answer (SQuAD normalisation: lower case, no punctuation, no articles)
   mc            the right answer among `mc_choices - 1` distractors taken from other held-out pairs (same question
                 type first), picked by log-likelihood of the answer given the question; `acc` sums the answer's
-                log-probability, `acc_norm` divides it by the answer's length in characters (lm-eval's acc_norm);
-                reported with the chance baseline 1 / choices
+                log-probability, `acc_norm` divides it by the answer's length in characters (lm-eval's acc_norm),
+                `acc_pmi` subtracts the answer's log-probability after the same prompt with the question left out
+                (pointwise mutual information, lm-eval's acc_mutual_info); each with the chance baseline 1 / choices.
+                Why PMI: the distractors are other answers, 20 to 480 characters long, so a summed log-likelihood
+                mostly measures how probable an answer is on its own (a random-init model, which knows nothing,
+                picks the shortest and lands off chance); PMI scores only what the question adds
   generations   configured prompts (else the first tokens of test documents) continued by sampling with a fixed
                 seed per prompt, saved for the report and measured by the repetition and incoherence flags
   memorisation  greedy continuation of training documents versus test documents: the share reproduced verbatim
@@ -101,6 +105,15 @@ def question_prompt(backend: Backend, record: dict[str, Any], chat: bool) -> lis
         messages = record.get("messages") or [{"role": "user", "content": record["question"]}]
         return backend.encode(backend.render_chat(messages), special=True)
     return backend.encode(BASE_PROMPT.format(question=record["question"]))
+
+
+def question_free_prompt(backend: Backend, record: dict[str, Any], chat: bool) -> list[int]:
+    """The record's prompt with its question left out (user turns emptied, a system prompt kept): what PMI
+    compares against."""
+    messages = record.get("messages")
+    if chat and messages:
+        messages = [{**m, "content": ""} if m["role"] == "user" else m for m in messages]
+    return question_prompt(backend, {"question": "", "messages": messages}, chat)
 
 
 def answer_ids(backend: Backend, answer: str, chat: bool) -> list[int]:
@@ -212,27 +225,39 @@ def build_mc_items(records: list[dict[str, Any]], choices: int, seed: int) -> li
 
 
 def run_mc(backend: Backend, items: list[dict[str, Any]], chat: bool) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Accuracy by summed and by length-normalised log-likelihood; returns (metrics, one row per item)."""
+    """Accuracy by summed, length-normalised and question-conditional (PMI) log-likelihood; returns (metrics, one
+    row per item)."""
+    priors: dict[tuple[tuple[int, ...], str], float] = {}  # log p(answer | no question): answers recur as distractors
     rows = []
     for item in items:
-        context = question_prompt(backend, item, chat)
-        scores = [backend.continuation_logprob(context, answer_ids(backend, c, chat)) for c in item["choices"]]
+        context, question_free = question_prompt(backend, item, chat), question_free_prompt(backend, item, chat)
+        answers = [answer_ids(backend, c, chat) for c in item["choices"]]
+        scores = [backend.continuation_logprob(context, a) for a in answers]
+        keys = [(tuple(question_free), c) for c in item["choices"]]
+        for key, a in zip(keys, answers, strict=True):
+            if key not in priors:
+                priors[key] = backend.continuation_logprob(question_free, a)
         norm = [s / max(len(c), 1) for s, c in zip(scores, item["choices"], strict=True)]
-        pred, pred_norm = int(np.argmax(scores)), int(np.argmax(norm))
+        pmi = [s - priors[key] for s, key in zip(scores, keys, strict=True)]
+        pred, pred_norm, pred_pmi = int(np.argmax(scores)), int(np.argmax(norm)), int(np.argmax(pmi))
         rows.append({
             "question": item["question"], "qtype": item.get("qtype"), "gold": item["gold"], "pred": pred,
-            "pred_norm": pred_norm, "correct": pred == item["gold"], "correct_norm": pred_norm == item["gold"],
+            "pred_norm": pred_norm, "pred_pmi": pred_pmi, "correct": pred == item["gold"],
+            "correct_norm": pred_norm == item["gold"], "correct_pmi": pred_pmi == item["gold"],
             "logprobs": [round(s, 4) for s in scores],
+            "question_free_logprobs": [round(priors[key], 4) for key in keys],
         })  # fmt: skip
     n = max(len(rows), 1)
     k = len(items[0]["choices"]) if items else 0
     metrics = {
         "mc_acc": sum(r["correct"] for r in rows) / n,
         "mc_acc_norm": sum(r["correct_norm"] for r in rows) / n,
+        "mc_acc_pmi": sum(r["correct_pmi"] for r in rows) / n,
         "mc_chance": 1 / k if k else 0.0,
         "mc_examples": float(len(rows)),
     }
-    return metrics | by_qtype(rows, {"mc_acc": "correct", "mc_acc_norm": "correct_norm"}, "mc_examples"), rows
+    fields = {"mc_acc": "correct", "mc_acc_norm": "correct_norm", "mc_acc_pmi": "correct_pmi"}
+    return metrics | by_qtype(rows, fields, "mc_examples"), rows
 
 
 # ----------------------------------------------------------------------------------------------------------------

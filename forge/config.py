@@ -281,7 +281,8 @@ class EvalConfig(Section):
     ppl_window: int | None = None  # None: the model's context length
     ppl_stride: int | None = None  # None: half the window
     max_test_tokens: int | None = 200_000
-    qa_max_examples: int = Field(200, ge=1)  # held-out Q&A pairs answered (generation) and scored (multiple choice)
+    qa_max_examples: int = Field(200, ge=1)  # held-out Q&A pairs answered by generation (the slow part)
+    mc_max_examples: int = Field(1000, ge=1)  # multiple-choice items: cheap to score, and 200 leave +-0.03 of noise
     mc_choices: int = Field(4, ge=2)
     chat: bool | None = None  # prompt through the chat template; None: when the model has one and is not pretrain's
     prompts: list[str] = []  # generation prompts; empty: the first prompt_tokens of generation_prompts test documents

@@ -22,7 +22,7 @@ from forge.lineage import atomic_write_json, atomic_write_text, read_json_object
 from forge.render import fmt
 from forge.stages import RUN_LAYOUT
 
-DOMAIN_METRICS = ("perplexity", "qa_f1", "qa_exact_match", "mc_acc", "mc_acc_norm")
+DOMAIN_METRICS = ("perplexity", "qa_f1", "qa_exact_match", "mc_acc", "mc_acc_norm", "mc_acc_pmi")
 # Plots the stages already drew, copied next to the report so the page is self-contained.
 STAGE_PLOTS = {
     "removed_by_filter.png": "data/removed_by_filter.png",

@@ -186,8 +186,8 @@ def small_cfg(run: str, tmp_path: Path, **eval_overrides) -> ForgeConfig:
     qa = tmp_path / "qa.jsonl"
     qa.write_text("".join(json.dumps(p) + "\n" for p in qa_pairs()))
     fields = dict(
-        qa_max_examples=8, generation_prompts=6, prompt_tokens=12, max_new_tokens=24, memorisation_docs=5,
-        memorisation_prefix=16, memorisation_suffix=16, random_baseline=False,
+        qa_max_examples=8, mc_max_examples=10, generation_prompts=6, prompt_tokens=12, max_new_tokens=24,
+        memorisation_docs=5, memorisation_prefix=16, memorisation_suffix=16, random_baseline=False,
     )  # fmt: skip
     fields.update(eval_overrides)
     return ForgeConfig(run_name=run, sft={"data": str(qa), "eval_fraction": 0.6}, eval=EvalConfig(**fields))
@@ -228,7 +228,7 @@ def test_metrics_by_question_type_are_reported_beside_the_headline():
                 "qa": {"qa_f1": 0.4, "qa_exact_match": 0.2, "qa_examples": 3.0, "qa_empty_rate": 0.0,
                        "qa_f1.members": f1_members, "qa_exact_match.members": f1_members, "qa_examples.members": 2.0,
                        "qa_constant_exact_match.members": 0.5},
-                "mc": {"mc_acc": 0.5, "mc_acc_norm": 0.5, "mc_chance": 0.25, "mc_examples": 4.0,
+                "mc": {"mc_acc": 0.5, "mc_acc_norm": 0.5, "mc_acc_pmi": 0.5, "mc_chance": 0.25, "mc_examples": 4.0,
                        "mc_acc.members": 0.75, "mc_examples.members": 4.0}}  # fmt: skip
 
     report = build_eval(target="m", artifact_kind="hf", sha256="0" * 64, result=result(0.5), baseline=result(0.0),
@@ -242,6 +242,47 @@ def test_metrics_by_question_type_are_reported_beside_the_headline():
     assert "| members | qa_f1 | 2 | 0.5 | 0 | - | yes |" in table  # examples, model, random init, (no floor), beats
     assert "| members | qa_exact_match | 2 | 0.5 | 0 | 0.5 | yes |" in table  # floor: the best constant answer
     assert "| members | mc_acc | 4 | 0.75 | 0.75 | 0.25 | no |" in table
+
+
+class PriorHeavyBackend:
+    """A stand-in scorer: log p(answer | prompt) = -(answer length in characters), + 3 when the prompt names the
+    answer's first word. Its length prior outweighs what the question adds, as a small model's does."""
+
+    eos_id = None
+    chat_template = "stand-in"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def render_chat(self, messages: list[dict]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages)
+
+    def continuation_logprob(self, context: list[int], continuation: list[int]) -> float:
+        prompt, answer = "".join(map(chr, context)), "".join(map(chr, continuation))
+        self.calls.append(prompt)
+        return -len(answer) + (3.0 if answer.split()[0] in prompt else 0.0)
+
+
+def test_pmi_scores_what_the_question_adds_not_the_answers_own_probability():
+    answers = {"alpha": "alpha rises slowly and then it settles", "beta": "beta is flat and stays flat",
+               "gamma": "gamma jumps"}  # fmt: skip
+    records = [{"question": f"What does `{k}` do?", "answer": v, "qtype": "describe"} for k, v in answers.items()]
+    items = tasks.build_mc_items(records, choices=3, seed=0)
+    backend = PriorHeavyBackend()
+    metrics, rows = tasks.run_mc(backend, items, chat=False)
+    # summed log-likelihood picks the shortest answer whatever was asked; PMI picks the answer the question names
+    assert [item["choices"][row["pred"]] for row, item in zip(rows, items, strict=True)] == [answers["gamma"]] * 3
+    assert metrics["mc_acc"] == pytest.approx(1 / 3) and metrics["mc_acc_pmi"] == 1.0
+    assert metrics["mc_acc_pmi.describe"] == 1.0 and metrics["mc_examples.describe"] == 3.0
+    assert rows[0]["logprobs"][rows[0]["gold"]] - rows[0]["question_free_logprobs"][rows[0]["gold"]] == 3.0
+    # each answer's question-free score is computed once, though it is a choice in every item
+    assert sum(p == "Question: \nAnswer:" for p in backend.calls) == len(answers)
+    # a chat record keeps its system prompt and loses only the question
+    chat_record = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}]}
+    assert "".join(map(chr, tasks.question_free_prompt(backend, chat_record, chat=True))) == "<system>Be brief.<user>"
 
 
 def test_repetition_metrics():
@@ -306,9 +347,10 @@ def test_each_degenerate_model_trips_its_flag_and_the_trained_model_passes(world
     assert report["passed"] is True and manifest["metrics"]["flags_failed"] == 0
     metrics = {m["name"]: m for m in report["metrics"]}
     assert metrics["perplexity"]["value"] < 0.2 * metrics["perplexity"]["random_init"]
-    for name in ("qa_f1", "qa_exact_match", "mc_acc", "mc_acc_norm"):  # every domain metric beats random init
+    for name in ("qa_f1", "qa_exact_match", "mc_acc", "mc_acc_norm", "mc_acc_pmi"):  # each beats random init
         assert metrics[name]["value"] > metrics[name]["random_init"], (name, metrics[name])
-    assert metrics["mc_chance"]["value"] == 0.25 and metrics["mc_examples"]["value"] > 0
+    assert metrics["mc_chance"]["value"] == 0.25
+    assert metrics["qa_examples"]["value"] == 8 and metrics["mc_examples"]["value"] == 10  # capped apart
     assert all(m["artifact_sha256"] == report["artifact"]["sha256"] for m in report["metrics"] + report["flags"])
     md = (stage_dir / "report.md").read_text()
     assert "random init" in md and "plots/domain.png" in md and (stage_dir / "plots" / "domain.png").is_file()
@@ -384,7 +426,7 @@ def test_lm_eval_domain_task_runs_offline(world, tmp_path, monkeypatch):
     items = tasks.build_mc_items(qa_pairs(), 4, seed=0)[:8]
     rows = run_benchmarks(world["models"]["trained"], [DOMAIN_TASK], items, tmp_path / "lm_eval", EvalConfig(), 0)
     scores = {r["metric"]: r["value"] for r in rows if r["task"] == DOMAIN_TASK}
-    assert 0.0 <= scores["acc"] <= 1.0 and 0.0 <= scores["acc_norm"] <= 1.0 and scores["sample_len"] == 8
+    assert all(0.0 <= scores[m] <= 1.0 for m in ("acc", "acc_norm", "acc_mutual_info")) and scores["sample_len"] == 8
     written = (tmp_path / "lm_eval" / f"{DOMAIN_TASK}.yaml").read_text()
     assert str((tmp_path / "lm_eval" / f"{DOMAIN_TASK}.jsonl").resolve()) in written
     assert json.loads((tmp_path / "lm_eval" / "results.json").read_text())["results"][DOMAIN_TASK]

@@ -57,7 +57,7 @@ def eval_report(sha: str, *, ppl: float = 20.0, failing_flag: str | None = None,
     def result(p: float, acc: float) -> dict[str, Any]:
         return {"perplexity": {"ppl": p}, "qa": {"qa_f1": acc / 2, "qa_exact_match": acc / 4, "qa_examples": 10,
                                                 "qa_empty_rate": 0.0},
-                "mc": {"mc_acc": acc, "mc_acc_norm": acc, "mc_chance": 0.25, "mc_examples": 10},
+                "mc": {"mc_acc": acc, "mc_acc_norm": acc, "mc_acc_pmi": acc, "mc_chance": 0.25, "mc_examples": 10},
                 "unigram_ppl": 50.0, "chat": False, "samples": []}  # fmt: skip
 
     return build_eval(
