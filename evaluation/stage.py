@@ -319,6 +319,8 @@ def measure(
     """Perplexity, QA, multiple choice and generations of one backend (the model, or its random-init twin)."""
     ecfg = cfg.eval
     ppl = backend.perplexity(ids, window, stride)
+    if not chat and ecfg.base_fewshot:
+        records = tasks.with_fewshot(records, ecfg.base_fewshot, cfg.seed)
     chosen = tasks.select_qa(records, ecfg.qa_max_examples)
     qa, qa_predictions = tasks.run_qa(backend, chosen, chat, ecfg.max_new_tokens)
     items = tasks.build_mc_items(records, ecfg.mc_choices, cfg.seed)

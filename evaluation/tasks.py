@@ -19,8 +19,9 @@ Records with a question type (the embedded set: describe, details, members) are 
 headline mean can hide a type at chance, and a model that learnt only the commonest answer scores that floor.
 
 Prompts: a chat model (it has a chat template and is not a raw pretraining export) gets the question through its
-chat template and answers until its end-of-turn (EOS); a base model gets "Question: ...\\nAnswer:" and its answer
-ends at EOS or the first blank line.
+chat template and answers until its end-of-turn (EOS); a base model gets "Question: ...\\nAnswer:" after a few
+solved examples of the same question type (`eval.base_fewshot`, see `with_fewshot`) and its answer ends at EOS or
+the first blank line.
 """
 
 from __future__ import annotations
@@ -101,19 +102,50 @@ def cut_answer(text: str, chat: bool) -> str:
 
 
 def question_prompt(backend: Backend, record: dict[str, Any], chat: bool) -> list[int]:
+    """A chat model's prompt is its chat template; a base model's is "Question: ...\nAnswer:" after the record's
+    solved examples (`fewshot`), as many of them as fit in half the model's context (the rest is the answer's)."""
     if chat:
         messages = record.get("messages") or [{"role": "user", "content": record["question"]}]
         return backend.encode(backend.render_chat(messages), special=True)
-    return backend.encode(BASE_PROMPT.format(question=record["question"]))
+    ids = backend.encode(BASE_PROMPT.format(question=record["question"]))
+    solved = [f"{BASE_PROMPT.format(question=d['question'])} {d['answer']}\n\n" for d in record.get("fewshot", ())]
+    for shots in range(len(solved), 0, -1):
+        with_shots = backend.encode("".join(solved[:shots]) + BASE_PROMPT.format(question=record["question"]))
+        if len(with_shots) <= backend.context // 2:
+            return with_shots
+    return ids
 
 
 def question_free_prompt(backend: Backend, record: dict[str, Any], chat: bool) -> list[int]:
-    """The record's prompt with its question left out (user turns emptied, a system prompt kept): what PMI
-    compares against."""
+    """The record's prompt with its question left out (user turns emptied; a system prompt and solved examples
+    kept): what PMI compares against."""
     messages = record.get("messages")
     if chat and messages:
         messages = [{**m, "content": ""} if m["role"] == "user" else m for m in messages]
-    return question_prompt(backend, {"question": "", "messages": messages}, chat)
+    return question_prompt(backend, {"question": "", "messages": messages, "fewshot": record.get("fewshot", [])}, chat)
+
+
+def with_fewshot(records: list[dict[str, Any]], shots: int, seed: int) -> list[dict[str, Any]]:
+    """Each record with `fewshot`: `shots` other records of its question type, solved (a seeded draw). For a base
+    model, which never saw the Question/Answer format in pretraining: lm-eval's num_fewshot, drawn from the same
+    held-out set as lm-eval does for a task with no train split. The random-init twin gets the same examples."""
+    rng = random.Random(seed)
+    same_qtype = indices_by_qtype(records)
+    out = []
+    for record in records:
+        # never one with the same answer ("json" for another `json` function): it would hand the answer over
+        pool = [j for j in same_qtype[record.get("qtype")] if records[j]["answer"] != record["answer"]]
+        demos = [records[j] for j in rng.sample(pool, min(shots, len(pool)))]
+        out.append({**record, "fewshot": [{"question": d["question"], "answer": d["answer"]} for d in demos]})
+    return out
+
+
+def indices_by_qtype(records: list[dict[str, Any]]) -> dict[Any, list[int]]:
+    """Question type -> the indices of its records (a user's file without types: one group, None)."""
+    groups: dict[Any, list[int]] = {}
+    for i, record in enumerate(records):
+        groups.setdefault(record.get("qtype"), []).append(i)
+    return groups
 
 
 def answer_ids(backend: Backend, answer: str, chat: bool) -> list[int]:
@@ -196,13 +228,11 @@ def by_qtype(rows: list[dict[str, Any]], fields: dict[str, str], count: str) -> 
 def build_mc_items(records: list[dict[str, Any]], choices: int, seed: int) -> list[dict[str, Any]]:
     """For each record: its answer among `choices - 1` distinct answers of other records (same qtype first)."""
     rng = random.Random(seed)
-    by_qtype: dict[Any, list[int]] = {}
-    for j, r in enumerate(records):
-        by_qtype.setdefault(r.get("qtype"), []).append(j)
+    same_qtype = indices_by_qtype(records)
     items = []
     for i, record in enumerate(records):
         picked: list[str] = []
-        same = [j for j in by_qtype[record.get("qtype")] if j != i]
+        same = [j for j in same_qtype[record.get("qtype")] if j != i]
         for pool in (same, range(len(records))):  # other question types only when the same type runs short
             order = list(pool)
             rng.shuffle(order)
@@ -220,6 +250,7 @@ def build_mc_items(records: list[dict[str, Any]], choices: int, seed: int) -> li
             "question": record["question"], "qtype": record.get("qtype"), "choices": options,
             "gold": options.index(record["answer"]),
             **({"messages": record["messages"]} if record.get("messages") else {}),
+            **({"fewshot": record["fewshot"]} if record.get("fewshot") else {}),
         })  # fmt: skip
     return items
 

@@ -7,6 +7,12 @@ so the same Python always gives the same pairs. Per public object (no `_private`
   describe  "What does the function `json.dumps` do?"      -> the docstring's summary (first paragraph, <= 3 sentences)
   details   "What else should I know about `json.dumps`?"  -> the paragraphs after it (when there are any)
   members   "Which classes and functions does `json` define?" -> the documented public members (modules, classes)
+  module    "Which module defines `json.JSONDecoder.decode`?" -> "json" (classes and functions, methods included)
+
+`module` is the one short-answer type: a reply of a few characters, so exact match can be earned on an object never
+seen (by reading its dotted name: a method's module is not its class). The long answers are in the docs' own
+words, which no model reproduces word for word about an unseen object: their exact match is 0 for every model, and
+token F1 and multiple choice are what measure them.
 
 The question wording is picked among a few phrasings by a stable hash of the object, so it is varied but fixed.
 
@@ -15,7 +21,7 @@ An object is held out when a stable hash of its name falls under `eval_fraction`
 puts its document in val or test (pass the data split ratios): those docstrings were never pretrained on either,
 and each held-out pair records `pretrain_split` so the eval stage can report them apart. Train pairs whose answer
 near-duplicates a held-out answer are then dropped (decontamination), and near-duplicate answers within each side
-are removed, with the data stage's MinHash (`pretrain.data.dedup`).
+are removed, with the data stage's MinHash (`pretrain.data.dedup`); short answers excepted, which repeat by design.
 
     train, held_out, report = build_split(eval_fraction=0.05, pretrain_ratios=cfg.data.split, dedup_cfg=..., seed=...)
 """
@@ -27,12 +33,13 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import xxhash
 
 from forge.config import DedupConfig
 from pretrain.data.stdlib_corpus import corpus_id, docstring, iter_stdlib_records
 
-QA_VERSION = "1"  # bump when the generated pairs change: it is part of the sft stage's skip key
+QA_VERSION = "2"  # bump when the generated pairs change: it is part of the sft stage's skip key
 QA_HASH_SEED = 0x5F7  # the object hash of the held-out split (independent of the data stage's split hash)
 MIN_ANSWER_CHARS = 20  # shorter summaries ("Return x.") teach little
 MAX_ANSWER_CHARS = 480  # whole sentences up to this; a longer first sentence drops the pair (tiny contexts)
@@ -51,7 +58,10 @@ QUESTIONS = {
     "details": ["What else should I know about `{n}`?", "Give more details about `{n}`.", "Tell me more about `{n}`."],
     "members_module": ["Which classes and functions does the `{n}` module define?", "What is in the `{n}` module?"],
     "members_class": ["Which methods does the class `{n}` define?", "What methods does `{n}` have?"],
+    "module_of": ["Which module defines `{n}`?", "In which module is `{n}` defined?", "What module is `{n}` in?"],
 }
+QTYPES = ("describe", "details", "members", "module")
+SHORT_ANSWER_QTYPES = ("module",)  # answers that repeat by design (many objects, one module): never deduplicated
 
 _SIGNATURE = re.compile(r"^[\w.]+\(.*\)(\s*->\s*.*)?$")  # "dumps(obj, *, skipkeys=False) -> str"
 _UNDERLINE = re.compile(r"^[*=\-~^]{3,}$")
@@ -158,6 +168,9 @@ def _generate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         parent = name.rpartition(".")[0]
         if kind != "topic" and kinds.get(parent) in ("module", "class") and is_public(parent):
             members.setdefault(parent, []).append(name.rpartition(".")[2])
+        module = defining_module(name, kinds)
+        if kind in ("class", "function") and module is not None:
+            pairs.append(_pair(_pick("module_of", name), module, name, record["id"], kind, "module"))
     doc_ids = {r["meta"]["object"]: r["id"] for r in records}
     for parent, children in members.items():
         if len(children) < 2:
@@ -169,6 +182,14 @@ def _generate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         answer = f"The {kind} `{parent}` {what}: {listed}{more}."
         pairs.append(_pair(_pick(f"members_{kind}", parent), answer, parent, doc_ids[parent], kind, "members"))
     return pairs
+
+
+def defining_module(name: str, kinds: dict[str, str]) -> str | None:
+    """The nearest enclosing documented module of `name` ("json" for `json.JSONDecoder.decode`), else None."""
+    parent = name.rpartition(".")[0]
+    while parent and kinds.get(parent) != "module":
+        parent = parent.rpartition(".")[0]
+    return parent or None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -206,8 +227,11 @@ def build_split(
         p for p, h in zip(pairs, held, strict=True) if not h
     ]
     n_eval = sum(held)
-    keep = near_duplicate_mask(
-        [p["answer"] for p in ordered], dedup_cfg, seed, [0] * n_eval + [1] * (len(pairs) - n_eval)
+    # Short answers ("json") repeat across objects by design: the question is what makes such a pair unique.
+    long = [i for i, p in enumerate(ordered) if p["qtype"] not in SHORT_ANSWER_QTYPES]
+    keep = np.ones(len(ordered), dtype=bool)
+    keep[long] = near_duplicate_mask(
+        [ordered[i]["answer"] for i in long], dedup_cfg, seed, [int(i >= n_eval) for i in long]
     )
     eval_pairs = [p for p, k in zip(ordered[:n_eval], keep[:n_eval], strict=True) if k]
     train_pairs = [p for p, k in zip(ordered[n_eval:], keep[n_eval:], strict=True) if k]
@@ -223,6 +247,6 @@ def build_split(
         "eval_pairs": len(eval_pairs),
         "eval_fraction": eval_fraction,
         "eval_unseen_in_pretraining": sum(1 for p in eval_pairs if p["pretrain_split"] not in (None, "train")),
-        "by_qtype": {q: sum(1 for p in train_pairs if p["qtype"] == q) for q in ("describe", "details", "members")},
+        "by_qtype": {q: sum(1 for p in train_pairs if p["qtype"] == q) for q in QTYPES},
     }
     return train_pairs, eval_pairs, report

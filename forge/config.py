@@ -285,6 +285,9 @@ class EvalConfig(Section):
     mc_max_examples: int = Field(1000, ge=1)  # multiple-choice items: cheap to score, and 200 leave +-0.03 of noise
     mc_choices: int = Field(4, ge=2)
     chat: bool | None = None  # prompt through the chat template; None: when the model has one and is not pretrain's
+    # Solved examples of the same question type before each question to a base model (lm-eval's num_fewshot), as
+    # many as fit in half its context: pretraining never showed it the Question/Answer format. Chat models get none.
+    base_fewshot: int = Field(3, ge=0)
     prompts: list[str] = []  # generation prompts; empty: the first prompt_tokens of generation_prompts test documents
     generation_prompts: int = Field(8, ge=1)
     prompt_tokens: int = Field(32, ge=1)

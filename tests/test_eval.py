@@ -285,6 +285,36 @@ def test_pmi_scores_what_the_question_adds_not_the_answers_own_probability():
     assert "".join(map(chr, tasks.question_free_prompt(backend, chat_record, chat=True))) == "<system>Be brief.<user>"
 
 
+def test_a_base_model_gets_solved_examples_of_the_same_type_that_fit_half_its_context():
+    records = [{"question": f"Which module defines `m{i}.f`?", "answer": f"m{i % 3}", "qtype": "module"}
+               for i in range(6)]  # fmt: skip
+    records += [{"question": f"What does `{n}` do?", "answer": f"It does {n}.", "qtype": "describe"} for n in "gh"]
+    shot = tasks.with_fewshot(records, shots=3, seed=0)
+    assert shot == tasks.with_fewshot(records, shots=3, seed=0)  # seeded
+    for record, solved in zip(records, shot, strict=True):
+        assert {k: solved[k] for k in record} == record
+        assert all(d["answer"] != record["answer"] for d in solved["fewshot"])  # never hands the answer over
+        same_type = [r for r in records if r["qtype"] == record["qtype"]]
+        assert all({**d, "qtype": record["qtype"]} in same_type for d in solved["fewshot"])
+    assert [len(s["fewshot"]) for s in shot] == [3] * 6 + [1, 1]  # a type with one other record gives one
+
+    backend = PriorHeavyBackend()
+    backend.context = 1000
+    prompt = "".join(map(chr, tasks.question_prompt(backend, shot[0], chat=False)))
+    demos = shot[0]["fewshot"]
+    assert prompt == "".join(f"Question: {d['question']}\nAnswer: {d['answer']}\n\n" for d in demos) + \
+        f"Question: {records[0]['question']}\nAnswer:"  # fmt: skip
+    backend.context = 2 * (len(prompt) - 1)  # one character short of three shots: two are kept
+    assert "".join(map(chr, tasks.question_prompt(backend, shot[0], chat=False))).count("Question:") == 3
+    backend.context = 20  # no room for any: the bare question
+    assert "".join(map(chr, tasks.question_prompt(backend, shot[0], chat=False))) == \
+        f"Question: {records[0]['question']}\nAnswer:"  # fmt: skip
+    backend.context = 1000  # PMI's question-free prompt keeps the examples; a chat model never gets them
+    free = "".join(map(chr, tasks.question_free_prompt(backend, shot[0], chat=False)))
+    assert free == prompt.removesuffix(f"{records[0]['question']}\nAnswer:") + "\nAnswer:"
+    assert "".join(map(chr, tasks.question_prompt(backend, shot[0], chat=True))) == f"<user>{records[0]['question']}"
+
+
 def test_repetition_metrics():
     loop = [1, 2, 3] * 10
     assert tasks.repeated_ngram_rate([loop], 4) > 0.8

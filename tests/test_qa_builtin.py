@@ -49,6 +49,11 @@ def test_answers_come_from_the_docstring_prose():
     assert by_object[("shapes.Circle", "members")]["answer"] == (
         "The class `shapes.Circle` has these documented methods: `area`, `grow`."
     )
+    # the short-answer type: a method's module is not its class; a module has no module pair
+    assert by_object[("shapes.Circle.area", "module")]["answer"] == "shapes"
+    assert by_object[("shapes.Circle", "module")]["answer"] == "shapes"
+    assert "`shapes.Circle.area`" in by_object[("shapes.Circle.area", "module")]["question"]
+    assert ("shapes", "module") not in by_object and ("shapes._private", "module") not in by_object
     assert generate_pairs(RECORDS) == pairs  # deterministic, wording included
 
 
@@ -74,13 +79,19 @@ def test_builtin_set_is_disjoint_by_object_and_decontaminated(builtin):
     # every object the data stage kept out of pretraining is held out, never trained on
     assert all(p["pretrain_split"] == "train" for p in train)
     assert {p["pretrain_split"] for p in held} == {"train", "val", "test"}
-    # no train answer equals a held-out one (near-duplicates are checked by MinHash in build_split)
-    assert {p["answer"] for p in train}.isdisjoint(p["answer"] for p in held)
+    # no train answer equals a held-out one (near-duplicates are checked by MinHash in build_split), except the
+    # short answers, which repeat by design and were not deduplicated: one pair per object
+    long_answers = [{p["answer"] for p in side if p["qtype"] != "module"} for side in (train, held)]
+    assert long_answers[0].isdisjoint(long_answers[1])
+    module_objects = [p["object"] for p in train + held if p["qtype"] == "module"]
+    assert len(module_objects) == len(set(module_objects)) > 1000
+    module_answers = [{p["answer"] for p in side if p["qtype"] == "module"} for side in (train, held)]
+    assert module_answers[0] & module_answers[1]
     # enough held-out pairs for forge eval's default 200 examples, and the counts add up
     assert len(held) >= cfg.eval.qa_max_examples and len(train) > 3000
     assert report["train_pairs"] == len(train) and report["eval_pairs"] == len(held)
     assert report["generated_pairs"] == len(train) + len(held) + report["near_duplicates_removed"]
-    assert {p["qtype"] for p in held} == {"describe", "details", "members"}
+    assert {p["qtype"] for p in held} == {"describe", "details", "members", "module"}
     assert all(p["answer"].strip() and p["question"].endswith(("?", ".")) for p in itertools.islice(train, 500))
 
 
