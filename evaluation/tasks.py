@@ -14,7 +14,7 @@
                 seed per prompt, saved for the report and measured by the repetition and incoherence flags
   memorisation  greedy continuation of training documents versus test documents: the share reproduced verbatim
 
-Records with a question type (the embedded set: describe, details, members) are also scored per type
+Records with a question type (the embedded set: describe, details, members, module) are also scored per type
 ("qa_f1.describe", "mc_acc.members"), with the exact match of the best constant answer as each type's floor: a
 headline mean can hide a type at chance, and a model that learnt only the commonest answer scores that floor.
 
@@ -107,13 +107,13 @@ def question_prompt(backend: Backend, record: dict[str, Any], chat: bool) -> lis
     if chat:
         messages = record.get("messages") or [{"role": "user", "content": record["question"]}]
         return backend.encode(backend.render_chat(messages), special=True)
-    ids = backend.encode(BASE_PROMPT.format(question=record["question"]))
+    question = BASE_PROMPT.format(question=record["question"])
     solved = [f"{BASE_PROMPT.format(question=d['question'])} {d['answer']}\n\n" for d in record.get("fewshot", ())]
     for shots in range(len(solved), 0, -1):
-        with_shots = backend.encode("".join(solved[:shots]) + BASE_PROMPT.format(question=record["question"]))
+        with_shots = backend.encode("".join(solved[:shots]) + question)
         if len(with_shots) <= backend.context // 2:
             return with_shots
-    return ids
+    return backend.encode(question)
 
 
 def question_free_prompt(backend: Backend, record: dict[str, Any], chat: bool) -> list[int]:
