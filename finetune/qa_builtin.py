@@ -168,8 +168,7 @@ def _generate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         parent = name.rpartition(".")[0]
         if kind != "topic" and kinds.get(parent) in ("module", "class") and is_public(parent):
             members.setdefault(parent, []).append(name.rpartition(".")[2])
-        module = defining_module(name, kinds)
-        if kind in ("class", "function") and module is not None:
+        if kind in ("class", "function") and (module := defining_module(name, kinds)) is not None:
             pairs.append(_pair(_pick("module_of", name), module, name, record["id"], kind, "module"))
     doc_ids = {r["meta"]["object"]: r["id"] for r in records}
     for parent, children in members.items():
