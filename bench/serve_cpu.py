@@ -31,15 +31,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from forge.config import TokenizerConfig, load_config  # noqa: E402
+from models.access import GGUFBackend, HFBackend  # noqa: E402
 from serve.gguf_export import export_gguf  # noqa: E402
-from serve.quantize import (  # noqa: E402
-    hf_greedy,
-    hf_prompt_speed,
-    llama_greedy,
-    llama_prompt_speed,
-    load_hf,
-    quantize_gguf,
-)
+from serve.quantize import quantize_gguf  # noqa: E402
 
 TYPES = ("f16", "q8_0", "q4_k_m")
 WORDS = [
@@ -106,8 +100,6 @@ def main() -> None:
     import torch
     from transformers import AutoConfig
 
-    from evaluation.perplexity import load_gguf
-
     threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="forge-bench-serve-") as tmp:
@@ -136,39 +128,30 @@ def main() -> None:
         new_tokens = min(args.new_tokens, context - args.prompt_tokens)
         n_ctx = max(args.prompt_tokens + new_tokens, len(speed_ids))
 
-        model = load_hf(model_dir, "fp32")
-        llms = {name: load_gguf(path, n_ctx=n_ctx, n_threads=threads, logits_all=False) for name, path in paths.items()}
-        backends = {"hf-fp32": lambda p, n: hf_greedy(model, p, n)}
-        backends |= {name: (lambda p, n, llm=llm: llama_greedy(llm, p, n)) for name, llm in llms.items()}
+        hf = HFBackend(model_dir)
+        backends = {"hf-fp32": hf}
+        backends |= {name: GGUFBackend(path, n_threads=threads, logits_all=False, n_ctx=n_ctx)
+                     for name, path in paths.items()}  # fmt: skip
         decode: dict[str, list[float]] = {name: [] for name in backends}
         prompt: dict[str, list[float]] = {name: [] for name in backends}
         outputs: dict[str, list[list[int]]] = {}
         for repeat in range(args.repeats):
-            for name, generate in backends.items():
-                seconds = 0.0
-                runs = []
-                for p in prompts:
-                    tokens, _, decode_s = generate(p, new_tokens)
-                    seconds += decode_s
-                    runs.append(tokens)
-                decode[name].append(sum(len(t) - 1 for t in runs) / seconds)
-                outputs[name] = runs
-                prompt[name].append(
-                    hf_prompt_speed(model, speed_ids)
-                    if name == "hf-fp32"
-                    else llama_prompt_speed(llms[name], speed_ids)
-                )
+            for name, backend in backends.items():
+                runs = [backend.timed_greedy(p, new_tokens) for p in prompts]
+                decode[name].append(sum(len(r.ids) - 1 for r in runs) / sum(r.decode_s for r in runs))
+                outputs[name] = [r.ids for r in runs]
+                prompt[name].append(backend.prompt_speed(speed_ids))
             print(
                 f"repeat {repeat + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.0f} tok/s" for k, v in decode.items())
             )
-        for llm in llms.values():
-            llm.close()
+        for backend in backends.values():
+            backend.close()
 
     base = statistics.median(decode["hf-fp32"])
     results = {
         "model": str(args.model_dir or f"random-init {args.config}"),
         "architecture": hf_cfg.model_type,
-        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "parameters": int(sum(p.numel() for p in hf.model.parameters())),
         "threads": threads,
         "prompts": args.prompts,
         "prompt_tokens": args.prompt_tokens,

@@ -31,11 +31,21 @@ from typing import Any
 import numpy as np
 
 from evaluation import red_flags, tasks
-from evaluation.backends import Backend, HFBackend, is_chat_model, open_backend
 from evaluation.report import write_report
 from forge import ForgeError
 from forge.config import BUILTIN_CORPUS, ForgeConfig
-from forge.lineage import Stage, atomic_write_text, completed_manifest, read_manifest, run_dir, run_stage, sha256_tree
+from forge.lineage import (
+    Stage,
+    atomic_write_text,
+    candidate_model,
+    completed_manifest,
+    read_manifest,
+    run_dir,
+    run_stage,
+    sha256_tree,
+)
+from models.access import Backend, HFBackend, is_chat_model, open_model
+from models.gguf import check_gguf
 
 log = logging.getLogger("forge.eval")
 
@@ -69,8 +79,6 @@ def resolve_target(cfg: ForgeConfig, target: str) -> tuple[Path, str, Path | Non
     if path.is_file() and path.suffix != ".gguf":
         raise ForgeError(f"--target {target}: a file target must be a .gguf file")
     if path.is_file():
-        from serve.gguf_export import check_gguf
-
         check_gguf(path)  # a damaged GGUF is refused before any stage directory is written
     resolved = path.resolve()
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(resolved.parts[-2:])).strip("-.") or "model"
@@ -132,10 +140,8 @@ def resolve_reference(cfg: ForgeConfig, target: str, model: Path) -> Path | None
         ref = run_dir(cfg) / "pretrain" / "model"
         return ref if (ref / "config.json").is_file() else None
     if model.suffix == ".gguf" and (read_manifest(model.resolve().parent) or {}).get("stage") == "quantize":
-        from serve.quantize import resolve_model_dir
-
         try:
-            return resolve_model_dir(cfg, "auto")
+            return candidate_model(cfg, "auto")[1]
         except ForgeError:
             return None
     return None  # pretrain: the production model, once the registry (issue 10) exists
@@ -223,7 +229,7 @@ def evaluate(
     records = load_qa(cfg, qa_source)
     _write_jsonl(stage.dir / "qa_eval.jsonl", records)
 
-    backend = open_backend(model)
+    backend = open_model(model)
     try:
         chat = is_chat_model(backend) if ecfg.chat is None else ecfg.chat
         if ecfg.chat is None and backend.kind == "gguf" and reference is not None and reference.is_dir():
@@ -255,7 +261,7 @@ def evaluate(
 
     ref_ppl = None
     if reference is not None:
-        ref_backend = open_backend(reference)
+        ref_backend = open_model(reference)
         try:
             ref_window = min(window, ref_backend.context)
             if ref_window != window:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluation.backends import Backend
+from models.access import Backend
 
 BASE_PROMPT = "Question: {question}\nAnswer:"
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

@@ -71,7 +71,7 @@ def build_bundle(
 
     source: {"name", "version", "alias", ...} of the registry version (anything JSON-serialisable is kept).
     """
-    from serve.gguf_export import check_gguf
+    from models.gguf import check_gguf
 
     gguf, out_dir = Path(gguf), Path(out_dir)
     check_gguf(gguf)

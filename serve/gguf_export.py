@@ -1,9 +1,8 @@
-"""A Hugging Face model directory (llama or gpt2, our byte-level BPE tokenizer) -> one f16 GGUF file for llama.cpp,
-and the guard that refuses a corrupted or truncated GGUF before llama.cpp touches it.
+"""A Hugging Face model directory (llama or gpt2, our byte-level BPE tokenizer) -> one f16 GGUF file for llama.cpp.
+(models.gguf.check_gguf is the guard that refuses a corrupted or truncated GGUF before llama.cpp reads it.)
 
     info = export_gguf("runs/tiny-cpu/pretrain/model", "model-f16.gguf")     # from a saved directory
     write_gguf(model.state_dict(), model.config, tokenizer_dir, out_path)    # from a model in memory
-    check_gguf("model-q4_k_m.gguf")                                          # ForgeError unless it is whole
 
 Written with the PyPI `gguf` library alone (GGUFWriter + TensorNameMap): no llama.cpp source checkout, no network,
 no sentencepiece. llama.cpp's own converter cannot take our tokenizer (it recognises a pre-tokenizer by hashing
@@ -26,7 +25,6 @@ Conv1D weights (stored input x output) are transposed to the Linear layout.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -40,7 +38,6 @@ ARCHITECTURES = ("llama", "gpt2")
 GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast")  # llama.cpp's gpt2 graph: tanh GELU
 GPT2_CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
 SKIPPED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")  # buffers, not weights
-HEADER_BYTES = 24  # magic, version, tensor count, metadata count
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -274,79 +271,3 @@ def export_gguf(model_dir: Path, out_path: Path, outtype: str = "f16", name: str
         raise ForgeError(f"{model_dir}/config.json not found: not a saved model directory")
     config = AutoConfig.from_pretrained(model_dir)
     return write_gguf(load_state_dict(model_dir), config, model_dir, out_path, outtype=outtype, name=name)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# the guard
-
-
-def check_gguf(path: Path) -> dict[str, Any]:
-    """Refuse (ForgeError) a file that is missing, not GGUF, corrupted or truncated; else return its summary.
-
-    Parses the header, metadata and tensor table with gguf.GGUFReader and checks that every tensor's data lies
-    inside the file, so llama.cpp never reads a damaged file (it may abort the process instead of raising).
-    """
-    import gguf
-
-    path = Path(path)
-    if not path.is_file():
-        raise ForgeError(f"GGUF file {path} not found")
-    size = path.stat().st_size
-    refuse = f"refusing GGUF file {path} ({size:,} bytes)"
-    fix = "re-create it (forge quantize --force)"
-    with open(path, "rb") as fh:
-        head = fh.read(HEADER_BYTES)
-    if len(head) < HEADER_BYTES:
-        raise ForgeError(f"{refuse}: truncated, shorter than the {HEADER_BYTES}-byte GGUF header; {fix}")
-    if head[:4] != b"GGUF":
-        raise ForgeError(f"{refuse}: not a GGUF file (magic {head[:4]!r}, expected b'GGUF'): corrupted; {fix}")
-    version = int.from_bytes(head[4:8], "little")
-    if version not in (2, 3):
-        raise ForgeError(f"{refuse}: GGUF version {version} (expected 2 or 3): corrupted header; {fix}")
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as exc:  # any parse failure of a damaged file: numpy, enum, unicode, memory errors
-        raise ForgeError(
-            f"{refuse}: corrupted or truncated, its metadata or tensor table does not parse "
-            f"({type(exc).__name__}: {exc}); {fix}"
-        ) from None
-    end = 0
-    for tensor in reader.tensors:
-        tensor_end = int(tensor.data_offset) + int(tensor.n_bytes)
-        if tensor_end > size:
-            raise ForgeError(
-                f"{refuse}: truncated, tensor {tensor.name} needs bytes up to {tensor_end:,} "
-                f"({tensor_end - size:,} missing); {fix}"
-            )
-        end = max(end, tensor_end)
-    arch_field = reader.get_field("general.architecture")
-    if arch_field is None:
-        raise ForgeError(f"{refuse}: no general.architecture in its metadata: corrupted; {fix}")
-    types: dict[str, int] = {}
-    for tensor in reader.tensors:
-        types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
-    return {
-        "path": str(path),
-        "size_bytes": size,
-        "version": version,
-        "architecture": arch_field.contents(),
-        "tensors": len(reader.tensors),
-        "tensor_types": dict(sorted(types.items())),
-        "parameters": int(sum(int(t.n_elements) for t in reader.tensors)),
-    }
-
-
-def gguf_metadata(path: Path, *keys: str) -> dict[str, Any]:
-    """Selected metadata values of a GGUF file (None for an absent key)."""
-    import gguf
-
-    reader = gguf.GGUFReader(path, "r")
-    out = {}
-    for key in keys:
-        field = reader.get_field(key)
-        out[key] = None if field is None else field.contents()
-    return out
-
-
-def file_size_mb(path: Path) -> float:
-    return round(os.path.getsize(path) / 1e6, 3)

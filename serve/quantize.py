@@ -39,15 +39,10 @@ import numpy as np
 
 from forge import ForgeError
 from forge.config import ForgeConfig
-from forge.lineage import (
-    Stage,
-    atomic_write_json,
-    atomic_write_text,
-    candidate_model,
-    run_dir,
-    run_stage,
-)
-from serve.gguf_export import check_gguf, export_gguf
+from forge.lineage import Stage, atomic_write_json, atomic_write_text, candidate_model, run_dir, run_stage
+from models.access import Backend, GGUFBackend, HFBackend
+from models.gguf import check_gguf
+from serve.gguf_export import export_gguf
 
 log = logging.getLogger("forge.quantize")
 
@@ -126,11 +121,6 @@ def k_quant_fallback(type_name: str, tensor_types: dict[str, int]) -> str | None
 # inputs
 
 
-def resolve_model_dir(cfg: ForgeConfig, target: str = "auto") -> Path:
-    """runs/<run>/sft/model when SFT completed (target auto or sft), else runs/<run>/pretrain/model."""
-    return candidate_model(cfg, target)[1]
-
-
 def eval_token_ids(cfg: ForgeConfig) -> tuple[np.ndarray, np.ndarray]:
     """The test split's ids (capped at quantize.max_eval_tokens) and its document offsets."""
     from pretrain.token_shards import load_split
@@ -165,93 +155,7 @@ def generation_prompts(ids: np.ndarray, offsets: np.ndarray, n: int, length: int
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# generation and speed
-
-
-def _cache_argument(model: Any) -> str:
-    """transformers >= 5.2x calls the KV cache `cache` (in and out); earlier versions `past_key_values`."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def hf_greedy(model: Any, prompt: list[int], new_tokens: int) -> tuple[list[int], float, float]:
-    """Greedy tokens with the KV cache, and (prompt seconds, decode seconds for tokens 2..n)."""
-    import torch
-
-    device = next(model.parameters()).device
-    name = _cache_argument(model)
-    with torch.inference_mode():
-        start = time.perf_counter()
-        out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True, logits_to_keep=1)
-        token = out.logits[0, -1].argmax()
-        first = time.perf_counter()
-        tokens = [int(token)]
-        cache = getattr(out, name)
-        for _ in range(new_tokens - 1):
-            out = model(input_ids=token.view(1, 1), use_cache=True, **{name: cache})
-            cache = getattr(out, name)
-            token = out.logits[0, -1].argmax()
-            tokens.append(int(token))
-        end = time.perf_counter()
-    return tokens, first - start, end - first
-
-
-def llama_greedy(llm: Any, prompt: list[int], new_tokens: int) -> tuple[list[int], float, float]:
-    """Greedy tokens through llama.cpp's sampler (top_k=1, temp=0), and (prompt seconds, decode seconds)."""
-    tokens: list[int] = []
-    start = time.perf_counter()
-    first = start
-    for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
-        if not tokens:
-            first = time.perf_counter()
-        tokens.append(int(token))
-        if len(tokens) == new_tokens:
-            break
-    end = time.perf_counter()
-    return tokens, first - start, end - first
-
-
-def hf_prompt_speed(model: Any, ids: list[int], repeats: int = 2) -> float:
-    import torch
-
-    device = next(model.parameters()).device
-    inputs = torch.tensor([ids], device=device)
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model(input_ids=inputs, use_cache=False, logits_to_keep=1)  # as llama.cpp: last logits only
-            best = min(best, time.perf_counter() - start)
-    return len(ids) / best
-
-
-def llama_prompt_speed(llm: Any, ids: list[int], repeats: int = 2) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        llm.reset()
-        start = time.perf_counter()
-        llm.eval(ids)
-        best = min(best, time.perf_counter() - start)
-    llm.reset()
-    return len(ids) / best
-
-
-def generation_report(
-    generate: Any, prompts: list[list[int]], new_tokens: int, reference: list[list[int]] | None
-) -> tuple[dict[str, Any], list[list[int]]]:
-    """Greedy generations for every prompt: decode tokens/s and agreement with `reference` generations."""
-    outputs = []
-    decode_s = 0.0
-    for prompt in prompts:
-        tokens, _, decode = generate(prompt, new_tokens)
-        outputs.append(tokens)
-        decode_s += decode
-    decoded = sum(max(len(t) - 1, 0) for t in outputs)
-    report: dict[str, Any] = {"decode_tokens_per_s": round(decoded / decode_s, 2) if decode_s > 0 else None}
-    if reference is not None:
-        report.update(greedy_agreement(reference, outputs))
-    return report, outputs
+# agreement
 
 
 def greedy_agreement(reference: list[list[int]], outputs: list[list[int]]) -> dict[str, float]:
@@ -275,33 +179,9 @@ def greedy_agreement(reference: list[list[int]], outputs: list[list[int]]) -> di
 # the artifacts
 
 
-def load_hf(model_dir: Path, kind: str = "fp32") -> Any:
-    """The HF model in fp32, or loaded through bitsandbytes (int8, or nf4 with double quantization), on CPU."""
-    import torch
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    quant = None
-    if kind == "int8":
-        quant = BitsAndBytesConfig(load_in_8bit=True)
-    elif kind == "nf4":
-        quant = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_compute_dtype=torch.float32,
-            bnb_4bit_use_double_quant=True,
-        )
-    elif kind != "fp32":
-        raise ForgeError(f"quantize.bitsandbytes: unknown kind {kind!r}; use int8 or nf4")
-    kwargs: dict[str, Any] = {"dtype": torch.float32}
-    if quant is not None:
-        kwargs.update(quantization_config=quant, device_map="cpu")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
-    model.eval()
-    return model
-
-
 class Evaluator:
-    """Measures every artifact against the same ids, prompts and reference generations."""
+    """Measures every artifact against the same ids, prompts and reference generations (the first model measured:
+    the unquantized HF model)."""
 
     def __init__(self, cfg: ForgeConfig, ids: np.ndarray, offsets: np.ndarray, context: int):
         q = cfg.quantize
@@ -316,44 +196,45 @@ class Evaluator:
         self.reference_ppl: float | None = None
         self.f16_ppl: float | None = None
 
-    def hf(self, model: Any) -> dict[str, Any]:
+    def hf(self, model: HFBackend) -> dict[str, Any]:
         import torch
 
-        from evaluation.perplexity import perplexity_hf
-
         torch.set_num_threads(self.threads)
-        ppl = perplexity_hf(model, self.ids, self.window, self.stride)
-        report, outputs = generation_report(
-            lambda p, n: hf_greedy(model, p, n), self.prompts, self.new_tokens, self.reference
-        )
-        report["prompt_tokens_per_s"] = round(hf_prompt_speed(model, self.speed_ids), 2)
-        if self.reference is None:
-            self.reference = outputs
-        return {**self._ppl(ppl.ppl), "ppl_tokens": ppl.tokens, **report}
+        ppl = model.perplexity(self.ids, self.window, self.stride)
+        return {**self._ppl(ppl.ppl), "ppl_tokens": ppl.tokens, **self._generations(model)}
 
     def gguf(self, path: Path, type_name: str) -> dict[str, Any]:
-        from evaluation.perplexity import load_gguf, perplexity_llama
-
         n_ctx = max(self.window, PROMPT_TOKENS + self.new_tokens, len(self.speed_ids))
-        llm = load_gguf(path, n_ctx=n_ctx, n_threads=self.threads, logits_all=True)
+        scorer = GGUFBackend(path, n_threads=self.threads, n_ctx=n_ctx)
         try:
-            ppl = perplexity_llama(llm, self.ids, self.window, self.stride)
+            ppl = scorer.perplexity(self.ids, self.window, self.stride)
         finally:
-            llm.close()
-        llm = load_gguf(path, n_ctx=n_ctx, n_threads=self.threads, logits_all=False)
+            scorer.close()
+        generator = GGUFBackend(path, n_threads=self.threads, n_ctx=n_ctx, logits_all=False)  # llama.cpp's fast path
         try:
-            report, _ = generation_report(
-                lambda p, n: llama_greedy(llm, p, n), self.prompts, self.new_tokens, self.reference
-            )
-            report["prompt_tokens_per_s"] = round(llama_prompt_speed(llm, self.speed_ids), 2)
+            generations = self._generations(generator)
         finally:
-            llm.close()
-        out = {**self._ppl(ppl.ppl), "ppl_tokens": ppl.tokens, **report}
+            generator.close()
+        out = {**self._ppl(ppl.ppl), "ppl_tokens": ppl.tokens, **generations}
         if type_name == "f16":
             self.f16_ppl = ppl.ppl
         if self.f16_ppl:
             out["ppl_drift_vs_f16"] = round(ppl.ppl / self.f16_ppl - 1, 6)
         return out
+
+    def _generations(self, model: Backend) -> dict[str, Any]:
+        """Greedy generations for every prompt: decode tokens/s, prompt tokens/s and agreement with the reference."""
+        runs = [model.timed_greedy(prompt, self.new_tokens) for prompt in self.prompts]
+        outputs = [r.ids for r in runs]
+        decoded = sum(max(len(r.ids) - 1, 0) for r in runs)
+        decode_s = sum(r.decode_s for r in runs)
+        report: dict[str, Any] = {"decode_tokens_per_s": round(decoded / decode_s, 2) if decode_s > 0 else None}
+        if self.reference is None:
+            self.reference = outputs
+        else:
+            report.update(greedy_agreement(self.reference, outputs))
+        report["prompt_tokens_per_s"] = round(model.prompt_speed(self.speed_ids), 2)
+        return report
 
     def _ppl(self, ppl: float) -> dict[str, Any]:
         if self.reference_ppl is None:
@@ -384,7 +265,7 @@ def _measure(stage: Stage, model_dir: Path, types: list[str]) -> dict[str, float
     artifacts: dict[str, dict[str, Any]] = {}
 
     log.info("quantize: reference HF fp32 model %s (%d test tokens, window %d)", model_dir, len(ids), ev.window)
-    model = load_hf(model_dir, "fp32")
+    model = HFBackend(model_dir)
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     artifacts["hf-fp32"] = {
         "kind": "reference",
@@ -438,12 +319,12 @@ def _measure(stage: Stage, model_dir: Path, types: list[str]) -> dict[str, float
         name = f"bnb-{kind}"
         log.info("quantize: bitsandbytes %s", kind)
         try:
-            model = load_hf(model_dir, kind)
+            model = HFBackend(model_dir, quantization=kind)
         except Exception as exc:  # no AVX2, no bitsandbytes build for this platform...: report, do not fail
             artifacts[name] = {"kind": "bitsandbytes", "error": f"{type(exc).__name__}: {exc}"}
             warnings.append(f"bitsandbytes {kind} could not load the model: {exc}")
             continue
-        footprint = int(model.get_memory_footprint())
+        footprint = model.memory_footprint()
         log.info("quantize: %s loaded, measuring", name)
         artifacts[name] = {
             "kind": "bitsandbytes",
@@ -533,7 +414,7 @@ def report_markdown(report: dict[str, Any]) -> str:
 def run(cfg: ForgeConfig, force: bool = False, target: str = "auto") -> dict[str, Any]:
     """Export and quantize the run's model, measure every artifact, write quantize.json and report.md."""
     types = check_types(cfg.quantize.gguf_types)
-    model_dir = resolve_model_dir(cfg, target)
+    model_dir = candidate_model(cfg, target)[1]
     eval_token_ids(cfg)  # fail before any work when the test split is missing
     test_split = run_dir(cfg) / "tokenizer" / "shards" / "test.bin"
     stage = Stage(

@@ -20,17 +20,10 @@ from typing import Any
 from forge import ForgeError
 from forge.config import ForgeConfig
 from forge.lineage import atomic_write_json, read_json_object, run_dir
+from models.gguf import check_gguf, context_length
 from serve.backends import Backend, llamacpp_command, select_backend, vllm_command
 
 log = logging.getLogger("forge.serve")
-
-
-def gguf_context_length(path: Path) -> int | None:
-    from serve.gguf_export import gguf_metadata
-
-    arch = gguf_metadata(path, "general.architecture")["general.architecture"]
-    value = gguf_metadata(path, f"{arch}.context_length")[f"{arch}.context_length"] if arch else None
-    return int(value) if value is not None else None
 
 
 def api_key(cfg: ForgeConfig) -> str | None:
@@ -45,8 +38,6 @@ def plan_server(
     port: int | None = None,
 ) -> tuple[Backend, dict[str, Any]]:
     """Decide what to serve and how; returns the (not started) Backend and what it serves."""
-    from serve.gguf_export import check_gguf
-
     s = cfg.serve
     port = port or s.port
     key = api_key(cfg)
@@ -58,7 +49,7 @@ def plan_server(
             raise ForgeError("a bundle holds a GGUF for llama.cpp: drop --backend vllm")
         manifest = verify_bundle(Path(bundle))
         path = Path(bundle) / manifest["gguf"]
-        n_ctx = s.n_ctx or manifest["serve"].get("n_ctx") or gguf_context_length(path)
+        n_ctx = s.n_ctx or manifest["serve"].get("n_ctx") or context_length(path)
         info = {
             "backend": "llamacpp",
             "model": str(path),
@@ -78,7 +69,7 @@ def plan_server(
         check_gguf(Path(gguf))
         log.warning("serving %s directly: it did not come through the registry gate", gguf)
         alias = cfg.registry.model_name
-        n_ctx = s.n_ctx or gguf_context_length(Path(gguf))
+        n_ctx = s.n_ctx or context_length(Path(gguf))
         info = {
             "backend": "llamacpp",
             "model": str(gguf),
@@ -111,7 +102,7 @@ def plan_server(
         have = sorted(p.name for p in (root / "gguf").glob("*.gguf"))
         raise ForgeError(f"{alias}@production has no {path.name} (serve.gguf_type={s.gguf_type}); it has: {have}")
     check_gguf(path)
-    n_ctx = s.n_ctx or gguf_context_length(path)
+    n_ctx = s.n_ctx or context_length(path)
     info = {"backend": "llamacpp", "model": str(path), "alias": alias, "n_ctx": n_ctx, "source": source}
     return Backend(
         llamacpp_command(path, port, alias, n_ctx, s.host, key), port, alias, s.host, key, _log_path(cfg)
@@ -221,7 +212,7 @@ def bundle_run(cfg: ForgeConfig, force: bool = False, out: Path | None = None) -
         "gguf_type": cfg.serve.gguf_type,
         "run": cfg.run_name,
     }
-    n_ctx = cfg.serve.n_ctx or gguf_context_length(path) or 2048
+    n_ctx = cfg.serve.n_ctx or context_length(path) or 2048
     manifest = build_bundle(path, out, source, cfg.serve, n_ctx)
     manifest["dir"] = str(out)
     return manifest

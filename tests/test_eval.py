@@ -343,7 +343,7 @@ def test_incoherence_needs_low_perplexity_and_degenerate_generations():
 
 
 def test_sampling_is_seeded():
-    from evaluation.backends import sample_token
+    from models.access import sample_token
 
     logits = np.linspace(0, 3, 50)
     draw = [sample_token(logits, 0.9, 10, np.random.default_rng(7)) for _ in range(3)]
@@ -418,7 +418,7 @@ def test_each_degenerate_model_trips_its_flag_and_the_trained_model_passes(world
 
 @pytest.mark.slow
 def test_hf_and_f16_gguf_perplexity_agree_within_one_percent(world, tmp_path):
-    from evaluation.backends import GGUFBackend, HFBackend
+    from models.access import GGUFBackend, HFBackend
     from pretrain.token_shards import load_split
     from serve.gguf_export import export_gguf
 

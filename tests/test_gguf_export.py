@@ -230,7 +230,7 @@ def test_f16_logits_match_hf(exported, arch):
 def test_metadata_carries_tokenizer_and_chat_template(exported):
     import gguf
 
-    from serve.gguf_export import check_gguf, gguf_metadata
+    from models.gguf import check_gguf, gguf_metadata
 
     model_dir, path = exported["gpt2"]
     meta = gguf_metadata(
@@ -248,8 +248,8 @@ def test_metadata_carries_tokenizer_and_chat_template(exported):
 
 
 def test_corrupted_or_truncated_gguf_is_refused(exported, tmp_path):
-    from evaluation.perplexity import perplexity_gguf
-    from serve.gguf_export import check_gguf
+    from models.gguf import check_gguf
+    from models.perplexity import perplexity_gguf
 
     _, path = exported["llama"]
     data = path.read_bytes()

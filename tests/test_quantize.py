@@ -69,7 +69,7 @@ def test_quantize_q8_and_real_k_quants(llama_f16, tmp_path):
 
 
 def test_windows_score_every_token_once():
-    from evaluation.perplexity import windows
+    from models.perplexity import windows
 
     for n, window, stride in [(10, 4, 2), (100, 16, 5), (17, 8, 8), (3, 8, 4), (50, 50, 25)]:
         targets = [t for _, end, first in windows(n, window, stride) for t in range(first, end)]
@@ -83,7 +83,7 @@ def test_perplexity_hf_and_gguf_agree(llama_f16):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from evaluation.perplexity import perplexity_gguf, perplexity_hf
+    from models.perplexity import perplexity_gguf, perplexity_hf
 
     model_dir, f16 = llama_f16
     ids = hf_ids(model_dir, " ".join(generated_docs(6, seed=5)))[:300]

@@ -2,7 +2,7 @@
 
     ids = load_split(run / "tokenizer" / "shards", "test")[0][:50_000]
     result = perplexity_hf(model, ids, window=256, stride=128)      # a loaded transformers causal LM
-    result = perplexity_gguf("model-q4_k_m.gguf", ids, 256, 128)    # through llama.cpp (llama_cpp.Llama)
+    result = perplexity_gguf("model-q4_k_m.gguf", ids, 256, 128)    # through llama.cpp (models/gguf.py)
     result.ppl, result.nll, result.tokens
 
 Both share `windows()`: a window of `window` ids moves by `stride`; every id after the first is scored exactly
@@ -138,25 +138,6 @@ def perplexity_hf(model: Any, token_ids: Sequence[int], window: int, stride: int
 # llama.cpp
 
 
-def load_gguf(path: Path, n_ctx: int, n_threads: int | None = None, logits_all: bool = True) -> Any:
-    """A llama_cpp.Llama over a GGUF file that passed `check_gguf` (a damaged file is refused, never loaded)."""
-    from llama_cpp import Llama
-
-    from serve.gguf_export import check_gguf
-
-    check_gguf(path)
-    return Llama(
-        model_path=str(path),
-        n_ctx=n_ctx,
-        n_batch=n_ctx,
-        n_ubatch=n_ctx,
-        n_threads=n_threads,
-        n_threads_batch=n_threads,
-        logits_all=logits_all,
-        verbose=False,
-    )
-
-
 def perplexity_llama(llm: Any, token_ids: Sequence[int], window: int, stride: int) -> Perplexity:
     """Perplexity through an already loaded llama_cpp.Llama (created with logits_all=True, n_ctx >= window)."""
     if llm.n_ctx() < window:
@@ -178,7 +159,9 @@ def perplexity_gguf(
     path: Path, token_ids: Sequence[int], window: int, stride: int, n_threads: int | None = None
 ) -> Perplexity:
     """Perplexity of a GGUF file through llama.cpp on `token_ids` (refuses a corrupted or truncated file)."""
-    llm = load_gguf(path, n_ctx=window, n_threads=n_threads)
+    from models.gguf import load_llama
+
+    llm = load_llama(path, n_ctx=window, n_threads=n_threads)
     try:
         return perplexity_llama(llm, token_ids, window, stride)
     finally:

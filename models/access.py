@@ -1,10 +1,12 @@
-"""One interface over the two kinds of artifact `forge eval` measures: a transformers model directory and a GGUF
-file run by llama.cpp. Every task and red flag goes through it, so both are measured the same way.
+"""One interface over the two kinds of model file Forge uses: a transformers model directory and a GGUF file run
+by llama.cpp. Evaluation, quantization and serving measure and run both through it, so both are treated the same.
 
-    backend = open_backend(Path("runs/tiny-cpu/pretrain/model"))     # or a .gguf file
-    backend.perplexity(ids, window=256, stride=128)                   # evaluation/perplexity.py underneath
-    backend.continuation_logprob(context_ids, continuation_ids)       # sum of log p(continuation | context)
-    backend.generate(prompt_ids, 64, temperature=0.8, top_k=50, seed=0, stop_ids={3})
+    model = open_model(Path("runs/tiny-cpu/pretrain/model"))        # or a .gguf file
+    model = open_model(model_dir, quantization="nf4")               # bitsandbytes int8 / nf4 (HF directories)
+    model.perplexity(ids, window=256, stride=128)                   # models/perplexity.py underneath
+    model.continuation_logprob(context_ids, continuation_ids)       # sum of log p(continuation | context)
+    model.generate(prompt_ids, 64, temperature=0.8, top_k=50, seed=0, stop_ids={3})
+    model.timed_greedy(prompt_ids, 32)                              # greedy ids + prompt and decode seconds
 
 Sampling is done here, from the logits, with a numpy generator seeded per call: the same seed gives the same
 sample on the same weights, whichever backend runs them. `temperature=0` is greedy.
@@ -12,15 +14,19 @@ sample on the same weights, whichever backend runs them. `temperature=0` is gree
 
 from __future__ import annotations
 
-import json
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from evaluation.perplexity import Perplexity
 from forge import ForgeError
+from models.gguf import check_gguf, gguf_metadata, load_llama
+from models.perplexity import Perplexity, model_context_length, perplexity_hf, perplexity_llama
+
+QUANTIZATIONS = ("none", "int8", "nf4")  # bitsandbytes at load time (HF directories only)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -132,17 +138,49 @@ class Backend:
                 return out
             logits = self._step(token)
 
+    def timed_greedy(self, prompt: Sequence[int], new_tokens: int) -> TimedGreedy:
+        """Exactly `new_tokens` greedy ids after `prompt` (no stop ids), timing the prompt pass and the decode."""
+        start = time.perf_counter()
+        logits = self._start(list(prompt))
+        first = time.perf_counter()
+        out = [int(np.argmax(logits))]
+        while len(out) < new_tokens:
+            out.append(int(np.argmax(self._step(out[-1]))))
+        return TimedGreedy(out, first - start, time.perf_counter() - first)
+
+    def prompt_speed(self, ids: Sequence[int], repeats: int = 2) -> float:
+        """Prompt-processing tokens/s: the best of `repeats` passes over `ids`, keeping only the last logits."""
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self._start(list(ids))
+            best = min(best, time.perf_counter() - start)
+        return len(ids) / best
+
+
+@dataclass(frozen=True)
+class TimedGreedy:
+    ids: list[int]
+    prompt_s: float  # the prompt's forward pass, up to the first new id's logits
+    decode_s: float  # ids 2..n, one forward step each
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        return (len(self.ids) - 1) / self.decode_s if self.decode_s > 0 and len(self.ids) > 1 else None
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # transformers
 
 
 class HFBackend(Backend):
+    """A transformers causal LM with its tokenizer. fp32 by default; `quantization` int8 or nf4 loads the weights
+    through bitsandbytes (on the GPU when there is one, else the CPU: bitsandbytes runs on AVX2 CPUs too)."""
+
     kind = "hf"
 
-    def __init__(self, path: Path, model: Any = None, tokenizer: Any = None):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def __init__(self, path: Path, model: Any = None, tokenizer: Any = None, quantization: str = "none"):
+        import inspect
 
         self.path = Path(path)
         if model is None:
@@ -151,26 +189,22 @@ class HFBackend(Backend):
                     f"{self.path} is not a model directory (no config.json); pass a directory exported by forge "
                     "pretrain / forge sft, or a .gguf file"
                 )
-            try:
-                model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch.float32)
-            except Exception as exc:  # noqa: BLE001 - any loading failure is the same user error
-                raise ForgeError(f"{self.path} does not load as a transformers model: {_one_line(exc)}") from None
+            model = _load_hf(self.path, quantization)
         if tokenizer is None:
+            from transformers import AutoTokenizer
+
             try:
                 tokenizer = AutoTokenizer.from_pretrained(self.path)
             except Exception as exc:  # noqa: BLE001
                 raise ForgeError(f"{self.path} has no loadable tokenizer: {_one_line(exc)}") from None
         self.model = model.eval()
+        self.device = next(model.parameters()).device
         self.tokenizer = tokenizer
         self.vocab_size = int(model.config.vocab_size)
-        from evaluation.perplexity import model_context_length
-
         self.context = model_context_length(model) or 1024
         self.eos_id = tokenizer.eos_token_id
         self.chat_template = getattr(tokenizer, "chat_template", None)
         self._past: Any = None
-        import inspect
-
         # transformers >= 5.2x names the KV cache `cache`; earlier 5.x releases `past_key_values`
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -180,35 +214,61 @@ class HFBackend(Backend):
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def memory_footprint(self) -> int:
+        return int(self.model.get_memory_footprint())
+
+    def _ids(self, ids: Sequence[int]) -> Any:
+        import torch
+
+        return torch.as_tensor([list(ids)], dtype=torch.long, device=self.device)
+
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         import torch
 
         with torch.inference_mode():
-            out = self.model(input_ids=torch.as_tensor([list(ids)], dtype=torch.long), use_cache=False)
-        return out.logits[0].float().numpy()
+            out = self.model(input_ids=self._ids(ids), use_cache=False)
+        return out.logits[0].float().cpu().numpy()
 
     def perplexity(self, ids: Sequence[int], window: int, stride: int) -> Perplexity:
-        from evaluation.perplexity import perplexity_hf
-
         return perplexity_hf(self.model, ids, window, stride)
 
     def _start(self, prompt: list[int]) -> np.ndarray:
         import torch
 
-        with torch.inference_mode():
-            out = self.model(input_ids=torch.as_tensor([prompt], dtype=torch.long), use_cache=True)
+        with torch.inference_mode():  # the last position's logits only, as llama.cpp computes them
+            out = self.model(input_ids=self._ids(prompt), use_cache=True, logits_to_keep=1)
         self._past = getattr(out, self._cache_arg)
-        return out.logits[0, -1].float().numpy()
+        return out.logits[0, -1].float().cpu().numpy()
 
     def _step(self, token: int) -> np.ndarray:
         import torch
 
         with torch.inference_mode():
-            out = self.model(
-                input_ids=torch.as_tensor([[token]], dtype=torch.long), use_cache=True, **{self._cache_arg: self._past}
-            )
+            out = self.model(input_ids=self._ids([token]), use_cache=True, **{self._cache_arg: self._past})
         self._past = getattr(out, self._cache_arg)
-        return out.logits[0, -1].float().numpy()
+        return out.logits[0, -1].float().cpu().numpy()
+
+
+def _load_hf(path: Path, quantization: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    if quantization not in QUANTIZATIONS:
+        raise ForgeError(f"quantization={quantization!r}: use one of {', '.join(QUANTIZATIONS)}")
+    kwargs: dict[str, Any] = {"dtype": torch.float32}
+    if quantization == "int8":
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+    elif quantization == "nf4":  # QLoRA's recipe: NF4 with double quantization
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.float32,
+        )  # fmt: skip
+    if quantization != "none":
+        kwargs["device_map"] = {"": 0} if torch.cuda.is_available() else "cpu"
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any loading failure is the same user error
+        raise ForgeError(f"{path} does not load as a transformers model: {_one_line(exc)}") from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -216,12 +276,12 @@ class HFBackend(Backend):
 
 
 class GGUFBackend(Backend):
+    """A GGUF file through llama.cpp. `logits_all` keeps every position's logits (scoring needs them); without it
+    llama.cpp computes the last position's only, which is what generation and speed measurements want."""
+
     kind = "gguf"
 
-    def __init__(self, path: Path, n_threads: int | None = None):
-        from evaluation.perplexity import load_gguf
-        from serve.gguf_export import check_gguf, gguf_metadata
-
+    def __init__(self, path: Path, n_threads: int | None = None, logits_all: bool = True, n_ctx: int | None = None):
         self.path = Path(path)
         check_gguf(self.path)  # a damaged file is a one-line ForgeError before llama.cpp reads it
         arch = gguf_metadata(self.path, "general.architecture")["general.architecture"]
@@ -229,7 +289,7 @@ class GGUFBackend(Backend):
         meta = gguf_metadata(self.path, *keys)
         self.context = int(meta.get(f"{arch}.context_length") or 512)
         try:
-            self.llm = load_gguf(self.path, n_ctx=self.context, n_threads=n_threads, logits_all=True)
+            self.llm = load_llama(self.path, n_ctx=n_ctx or self.context, n_threads=n_threads, logits_all=logits_all)
         except ForgeError:
             raise
         except Exception as exc:  # noqa: BLE001 - llama.cpp raises ValueError/RuntimeError on files it rejects
@@ -251,33 +311,40 @@ class GGUFBackend(Backend):
         return np.array(self.llm.scores[: len(ids)])
 
     def perplexity(self, ids: Sequence[int], window: int, stride: int) -> Perplexity:
-        from evaluation.perplexity import perplexity_llama
-
         return perplexity_llama(self.llm, ids, window, stride)
 
     def _start(self, prompt: list[int]) -> np.ndarray:
         self.llm.reset()
         self.llm.eval(prompt)
-        return np.array(self.llm.scores[self.llm.n_tokens - 1])
+        return self._last_logits()
 
     def _step(self, token: int) -> np.ndarray:
         self.llm.eval([token])
-        return np.array(self.llm.scores[self.llm.n_tokens - 1])
+        return self._last_logits()
+
+    def _last_logits(self) -> np.ndarray:
+        if self.llm._logits_all:
+            return np.array(self.llm.scores[self.llm.n_tokens - 1])
+        # without logits_all llama-cpp-python keeps no scores: read the last position's logits from the context
+        row = self.llm._ctx.get_logits_ith(-1)
+        return np.ctypeslib.as_array(row, shape=(self.vocab_size,)).copy()
 
     def close(self) -> None:
         self.llm.close()
 
 
-def open_backend(path: Path, n_threads: int | None = None) -> Backend:
+def open_model(path: Path, n_threads: int | None = None, quantization: str = "none") -> Backend:
     """An HF model directory or a .gguf file; anything else is a one-line ForgeError."""
     path = Path(path)
     if path.is_file() and path.suffix == ".gguf":
+        if quantization != "none":
+            raise ForgeError(f"{path}: a GGUF file is quantized already; bitsandbytes {quantization} is for HF dirs")
         return GGUFBackend(path, n_threads)
     if path.is_dir():
-        return HFBackend(path)
+        return HFBackend(path, quantization=quantization)
     if not path.exists():
-        raise ForgeError(f"eval target {path} does not exist; use pretrain, sft, a model directory or a .gguf file")
-    raise ForgeError(f"eval target {path} is neither a model directory nor a .gguf file")
+        raise ForgeError(f"model {path} does not exist; use pretrain, sft, a model directory or a .gguf file")
+    raise ForgeError(f"model {path} is neither a model directory nor a .gguf file")
 
 
 def is_chat_model(backend: Backend) -> bool:
@@ -287,7 +354,3 @@ def is_chat_model(backend: Backend) -> bool:
     if backend.kind == "hf":
         return not (backend.path / "forge_pretrain.json").is_file()
     return "pretrain" not in backend.path.parts
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text(encoding="utf-8"))

@@ -1,0 +1,110 @@
+"""GGUF files: the integrity check every file passes before llama.cpp reads it, metadata, and loading.
+
+    info = check_gguf("model-q4_k_m.gguf")          # ForgeError unless it is whole; its summary otherwise
+    gguf_metadata(path, "general.architecture")    # selected metadata values
+    context_length(path)                           # the model's context from its metadata
+    llm = load_llama(path, n_ctx=512)              # a llama_cpp.Llama over a checked file
+
+llama.cpp may abort the whole process on a damaged file instead of raising, so the check parses the header,
+metadata and tensor table with the `gguf` library and checks that every tensor's data lies inside the file first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from forge import ForgeError
+
+HEADER_BYTES = 24  # magic, version, tensor count, metadata count
+
+
+def check_gguf(path: Path) -> dict[str, Any]:
+    """Refuse (ForgeError) a file that is missing, not GGUF, corrupted or truncated; else return its summary."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise ForgeError(f"GGUF file {path} not found")
+    size = path.stat().st_size
+    refuse = f"refusing GGUF file {path} ({size:,} bytes)"
+    fix = "re-create it (forge quantize --force)"
+    with open(path, "rb") as fh:
+        head = fh.read(HEADER_BYTES)
+    if len(head) < HEADER_BYTES:
+        raise ForgeError(f"{refuse}: truncated, shorter than the {HEADER_BYTES}-byte GGUF header; {fix}")
+    if head[:4] != b"GGUF":
+        raise ForgeError(f"{refuse}: not a GGUF file (magic {head[:4]!r}, expected b'GGUF'): corrupted; {fix}")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in (2, 3):
+        raise ForgeError(f"{refuse}: GGUF version {version} (expected 2 or 3): corrupted header; {fix}")
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as exc:  # any parse failure of a damaged file: numpy, enum, unicode, memory errors
+        raise ForgeError(
+            f"{refuse}: corrupted or truncated, its metadata or tensor table does not parse "
+            f"({type(exc).__name__}: {exc}); {fix}"
+        ) from None
+    for tensor in reader.tensors:
+        tensor_end = int(tensor.data_offset) + int(tensor.n_bytes)
+        if tensor_end > size:
+            raise ForgeError(
+                f"{refuse}: truncated, tensor {tensor.name} needs bytes up to {tensor_end:,} "
+                f"({tensor_end - size:,} missing); {fix}"
+            )
+    arch_field = reader.get_field("general.architecture")
+    if arch_field is None:
+        raise ForgeError(f"{refuse}: no general.architecture in its metadata: corrupted; {fix}")
+    types: dict[str, int] = {}
+    for tensor in reader.tensors:
+        types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
+    return {
+        "path": str(path),
+        "size_bytes": size,
+        "version": version,
+        "architecture": arch_field.contents(),
+        "tensors": len(reader.tensors),
+        "tensor_types": dict(sorted(types.items())),
+        "parameters": int(sum(int(t.n_elements) for t in reader.tensors)),
+    }
+
+
+def gguf_metadata(path: Path, *keys: str) -> dict[str, Any]:
+    """Selected metadata values of a GGUF file (None for an absent key)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path, "r")
+    out = {}
+    for key in keys:
+        field = reader.get_field(key)
+        out[key] = None if field is None else field.contents()
+    return out
+
+
+def context_length(path: Path) -> int | None:
+    """The training context of the model in a GGUF file (`<architecture>.context_length`), None if absent."""
+    arch = gguf_metadata(path, "general.architecture")["general.architecture"]
+    if not arch:
+        return None
+    value = gguf_metadata(path, f"{arch}.context_length")[f"{arch}.context_length"]
+    return int(value) if value else None
+
+
+def load_llama(path: Path, n_ctx: int, n_threads: int | None = None, logits_all: bool = True) -> Any:
+    """A llama_cpp.Llama over a GGUF file that passed `check_gguf` (a damaged file is refused, never loaded).
+
+    logits_all keeps the logits of every position (scoring needs them); generation alone is faster without.
+    """
+    from llama_cpp import Llama
+
+    check_gguf(path)
+    return Llama(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_batch=n_ctx,
+        n_ubatch=n_ctx,
+        n_threads=n_threads,
+        n_threads_batch=n_threads,
+        logits_all=logits_all,
+        verbose=False,
+    )

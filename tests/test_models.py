@@ -1,0 +1,89 @@
+"""The model-access layer (models/): the same primitives on an HF directory and on its GGUF, exactly.
+
+HF-vs-GGUF logits and perplexity are pinned in test_gguf_export.py and test_eval.py; here: what the KV cache,
+llama.cpp's last-logits-only path and bitsandbytes loading must not change, and the errors for bad paths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_gguf_export import generated_docs, make_model_dir, make_tokenizer_dir
+
+from forge import ForgeError
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """(model_dir, f16 gguf) of a random-init tiny llama, logits spread out enough for argmax to be meaningful."""
+    from serve.gguf_export import export_gguf
+
+    root = tmp_path_factory.mktemp("models")
+    model_dir = make_model_dir(root / "llama", "llama", make_tokenizer_dir(root / "tokenizer"), initializer_range=0.2)
+    gguf = root / "llama-f16.gguf"
+    export_gguf(model_dir, gguf)
+    return model_dir, gguf
+
+
+def _greedy_without_cache(model, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding that recomputes the whole sequence every step: what the KV cache must reproduce."""
+    ids, out = list(prompt), []
+    for _ in range(n):
+        out.append(int(np.argmax(model.logits(ids)[-1])))
+        ids.append(out[-1])
+    return out
+
+
+def test_hf_generation_with_the_kv_cache_equals_recomputing_every_step(llama):
+    from models.access import HFBackend
+
+    model = HFBackend(llama[0])
+    prompt = model.encode(generated_docs(1, seed=3)[0])[:24]
+    expected = _greedy_without_cache(model, prompt, 16)
+    assert model.generate(prompt, 16) == expected
+    timed = model.timed_greedy(prompt, 16)
+    assert timed.ids == expected and timed.prompt_s > 0 and timed.decode_tokens_per_s > 0
+    assert len(set(expected)) > 1  # not a constant output, which any bug would also produce
+
+
+def test_llama_cpp_without_all_logits_generates_what_it_does_with_them(llama):
+    from models.access import GGUFBackend
+
+    model_dir, gguf = llama
+    scorer, fast = GGUFBackend(gguf, n_threads=1), GGUFBackend(gguf, n_threads=1, logits_all=False)
+    try:
+        prompt = scorer.encode(generated_docs(1, seed=4)[0])[:24]
+        expected = _greedy_without_cache(scorer, prompt, 12)
+        assert scorer.generate(prompt, 12) == expected
+        assert fast.timed_greedy(prompt, 12).ids == expected
+        assert fast.prompt_speed(prompt) > 0
+    finally:
+        scorer.close()
+        fast.close()
+
+
+def test_bitsandbytes_loading_shrinks_the_model_and_keeps_its_tokenizer(llama):
+    from models.access import HFBackend
+
+    full, nf4 = HFBackend(llama[0]), HFBackend(llama[0], quantization="nf4")
+    assert nf4.memory_footprint() < 0.5 * full.memory_footprint()
+    text = generated_docs(1, seed=5)[0]
+    assert nf4.encode(text) == full.encode(text)
+    ids = full.encode(text)[:32]
+    assert np.isfinite(nf4.logits(ids)).all()
+
+
+def test_open_model_refuses_what_it_cannot_open(llama, tmp_path):
+    from models.access import open_model
+
+    with pytest.raises(ForgeError, match="does not exist"):
+        open_model(tmp_path / "missing")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ForgeError, match="neither a model directory nor a .gguf file"):
+        open_model(tmp_path / "notes.txt")
+    with pytest.raises(ForgeError, match="not a model directory"):
+        open_model(tmp_path)
+    with pytest.raises(ForgeError, match="quantized already"):
+        open_model(llama[1], quantization="int8")
+    with pytest.raises(ForgeError, match="quantization='int4'"):
+        open_model(llama[0], quantization="int4")
