@@ -20,7 +20,7 @@ import yaml
 
 from forge import ForgeError
 from forge.config import EvalConfig
-from forge.lineage import atomic_write_json, atomic_write_text
+from forge.io import atomic_write_json, atomic_write_text
 
 log = logging.getLogger("forge.eval")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from forge import render
 from forge.config import ForgeConfig
-from forge.lineage import atomic_write_json, atomic_write_text
+from forge.io import atomic_write_json, atomic_write_text
 from forge.render import fmt
 
 FORMAT = "forge-eval/1"

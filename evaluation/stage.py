@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +33,10 @@ from evaluation import red_flags, tasks
 from evaluation.report import write_report
 from forge import ForgeError
 from forge.config import BUILTIN_CORPUS, ForgeConfig
-from forge.lineage import (
-    Stage,
-    atomic_write_text,
-    candidate_model,
-    completed_manifest,
-    read_manifest,
-    run_dir,
-    run_stage,
-    sha256_tree,
-)
+from forge.hashing import sha256_tree
+from forge.io import atomic_write_text, remove_path
+from forge.lineage import Stage, candidate_model, completed_manifest, read_manifest, run_stage
+from forge.paths import run_dir
 from models.access import Backend, HFBackend, is_chat_model, open_model
 from models.gguf import check_gguf
 
@@ -219,7 +212,7 @@ def evaluate(
 
     cfg, ecfg = stage.cfg, stage.cfg.eval
     for old in OUTPUTS:  # a forced re-run must not leave a previous run's files (lm_eval/, plots) behind
-        _remove(stage.dir / old)
+        remove_path(stage.dir / old)
     torch.manual_seed(cfg.seed)
     test_tokens, test_offsets = load_split(shards, "test")
     train_tokens, train_offsets = load_split(shards, "train")
@@ -377,13 +370,6 @@ def log_to_producer(stage: Stage, producer: Path | None, report: dict[str, Any])
             client.log_batch(run_id, metrics=batch)
     except Exception as exc:  # noqa: BLE001 - the producing run may have been deleted; the eval itself stands
         log.warning("eval: could not log to the producing MLflow run %s: %s", run_id, exc)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:

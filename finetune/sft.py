@@ -44,7 +44,9 @@ from typing import Any
 from finetune.sft_data import Example, data_input, guidance, read_jsonl, split_held_out, to_messages
 from forge import ForgeError
 from forge.config import BUILTIN_CORPUS, ForgeConfig, SFTConfig
-from forge.lineage import Stage, atomic_path, atomic_write_json, atomic_write_text, run_dir, run_stage
+from forge.io import atomic_path, atomic_write_json, atomic_write_text
+from forge.lineage import Stage, run_stage
+from forge.paths import run_dir
 
 log = logging.getLogger("forge.sft")
 

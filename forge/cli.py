@@ -1,4 +1,4 @@
-"""`forge`: one verb per stage, each a thin wrapper over the stage's `run` function (see forge/stages.py).
+"""`forge`: one verb per stage, each a thin wrapper over the stage's `run` function (the table in forge/stages.py).
 
     forge plan --config configs/tiny-cpu.yaml
     forge data --config configs/tiny-cpu.yaml --set data.dedup.jaccard_threshold=0.85
@@ -6,11 +6,13 @@
     forge status tiny-cpu
 
 Errors a user can fix (bad config, bad input) print one line and exit 2; `--force` re-runs an up-to-date stage.
+Each verb's --help names the file its code starts in.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import sys
@@ -21,9 +23,10 @@ from typing import Annotated, Any, Optional
 import typer
 from typer.core import TyperGroup
 
-from forge import ForgeError, NotBuiltYet
+from forge import ForgeError
 from forge.config import ForgeConfig, load_config
-from forge.lineage import runs_root, stage_states
+from forge.lineage import stage_states
+from forge.paths import runs_root
 from forge.stages import RUN_LAYOUT, STAGES
 
 
@@ -53,12 +56,9 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Re-run even if inputs a
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn errors a user can fix into one line on stderr and exit code 2 (3 for a stage not built yet)."""
+    """Turn errors a user can fix into one line on stderr and exit code 2."""
     try:
         yield
-    except NotBuiltYet as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(3) from None
     except ForgeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -156,7 +156,7 @@ def eval_verb(
                f"see runs/{manifest['run']}/{manifest['stage']}/report.md")  # fmt: skip
 
 
-# ---- the registry gate (issue 10): register, promote, rollback, registry history (serve/registry.py)
+# ---- the registry gate: register, promote, rollback, registry history
 DEDICATED_VERBS |= {"register", "promote", "rollback"}
 NameArg = Annotated[Optional[str], typer.Argument(help="Registered model name (default: registry.model_name).")]
 registry_app = typer.Typer(help="The MLflow model registry: history of @production.", no_args_is_help=True)
@@ -179,10 +179,8 @@ def promote_verb(
     run: RunOpt = None,
 ) -> None:
     """Judge a version by the gate policy; move @production only if every check passes (exit 1 if refused)."""
-    from serve.registry import promote
-
     with user_errors():
-        decision = promote(resolve_config(config, set_, run), name, version)
+        decision = STAGES["promote"].call("decide")(resolve_config(config, set_, run), name, version)
     typer.echo(decision.table())
     if not decision.passed:
         raise typer.Exit(1)
@@ -192,10 +190,8 @@ def promote_verb(
 @app.command("rollback")
 def rollback_verb(name: NameArg = None, config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None) -> None:
     """Move @production back to the previous version that passed the gate."""
-    from serve.registry import rollback
-
     with user_errors():
-        moved = rollback(resolve_config(config, set_, run), name)
+        moved = STAGES["rollback"].call("rollback")(resolve_config(config, set_, run), name)
     typer.echo(f"{moved['name']}@production: v{moved['previous']} -> v{moved['version']}")
 
 
@@ -204,17 +200,15 @@ def registry_history_verb(name: NameArg = None, config: ConfigOpt = None, set_: 
                           as_json: Annotated[bool, typer.Option("--json", help="Print the events as JSON.")] = False,
                           ) -> None:  # fmt: skip
     """Every promotion, refusal and rollback: which version was in production when."""
-    from serve.registry import events, format_history
-
     with user_errors():
-        log_events = events(resolve_config(config, set_, run), name)
-    typer.echo(json.dumps(log_events, indent=2) if as_json else format_history(log_events))
+        log_events = STAGES["promote"].call("events")(resolve_config(config, set_, run), name)
+    typer.echo(json.dumps(log_events, indent=2) if as_json else STAGES["promote"].call("format_history")(log_events))
 
 
 # ---- end of the registry gate
 
 
-# ---- serving (issue 11): serve, chat, bundle (serve/stage.py)
+# ---- serving: serve, chat, bundle
 DEDICATED_VERBS |= {"serve", "chat", "bundle"}
 
 
@@ -265,6 +259,10 @@ def bundle_verb(
 for _name in STAGES:
     if _name not in DEDICATED_VERBS:
         _stage_verb(_name)
+for _command in app.registered_commands:  # every stage verb's --help ends with the file its code starts in
+    if _command.name in STAGES:
+        where = f"(code: {STAGES[_command.name].code})"
+        _command.help = _command.short_help = f"{inspect.getdoc(_command.callback)} {where}"
 
 
 # ----------------------------------------------------------------------------------------------------------------

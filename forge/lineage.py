@@ -7,31 +7,30 @@ Every stage writes under `runs/<run-name>/<stage>/`:
 
 The manifest is written last and atomically, so a stage is complete exactly when its manifest says so. A stage
 whose config hash and input hashes equal those of its complete manifest is skipped; `force=True` re-runs it.
-Files are written through `atomic_write_*` / `atomic_path` (temp path, then rename): a crash never leaves a
-half-written output behind under the final name.
+Files are written through forge.io's atomic writes; forge.paths says where runs live, forge.hashing how inputs
+and outputs are hashed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import getpass
-import hashlib
 import json
 import logging
-import os
 import platform
-import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from forge import ForgeError
+from forge import ForgeError, tracking
 from forge.config import ForgeConfig
+from forge.hashing import hash_inputs, sha256_file
+from forge.io import atomic_write_json, atomic_write_text, utc_now
+from forge.paths import run_dir
 
 log = logging.getLogger("forge")
 
@@ -41,88 +40,6 @@ TRACKED_LIBRARIES = (
     "torch", "transformers", "tokenizers", "accelerate", "peft", "trl", "datasketch", "mlflow", "gguf",
     "llama_cpp_python", "gradio",
 )  # fmt: skip
-
-
-def runs_root() -> Path:
-    """The directory holding every run: $FORGE_RUNS_DIR, else ./runs."""
-    return Path(os.environ.get("FORGE_RUNS_DIR", "runs"))
-
-
-def run_dir(cfg: ForgeConfig) -> Path:
-    return runs_root() / cfg.run_name
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# atomic writes
-
-
-@contextlib.contextmanager
-def atomic_path(final: Path) -> Iterator[Path]:
-    """Yield a temp path beside `final` (file or directory); rename it onto `final` only if the block succeeds."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    _remove(tmp)
-    try:
-        yield tmp
-        if final.is_dir() and tmp.is_dir():
-            _remove(final)
-        os.replace(tmp, final)
-    finally:
-        _remove(tmp)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# hashing
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def sha256_tree(path: Path) -> str:
-    """sha256 of a file, or of a directory's sorted (relative path, file sha256) list."""
-    path = Path(path)
-    if path.is_file():
-        return sha256_file(path)
-    if not path.is_dir():
-        raise ForgeError(f"input {path} does not exist")
-    digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file)}\n".encode())
-    return digest.hexdigest()
-
-
-def hash_inputs(inputs: Mapping[str, Path | str]) -> dict[str, str]:
-    """Hash each named input: a Path is hashed by content, a str (e.g. a builtin corpus id) by its value."""
-    return {
-        name: sha256_tree(value) if isinstance(value, Path) else hashlib.sha256(value.encode()).hexdigest()
-        for name, value in sorted(inputs.items())
-    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -146,10 +63,6 @@ def library_versions() -> dict[str, str]:
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
     return versions
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -203,15 +116,6 @@ class Stage:
             for p in sorted(self.dir.rglob("*"))
             if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
         }
-
-
-def read_json_object(path: Path) -> dict[str, Any] | None:
-    """A JSON object from a file another stage wrote, or None when it is missing, unreadable or not an object."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def read_manifest(stage_dir: Path) -> dict[str, Any] | None:
@@ -272,8 +176,6 @@ def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], fo
     `stage.tracker` is its MLflow StageTracker, for metrics logged while it runs (per-step training curves).
     Returns the manifest. A failing body leaves a manifest with status "failed" and the error, then re-raises.
     """
-    from forge import tracking  # deferred: MLflow is slow to import and not needed to compute a skip
-
     key = stage.skip_key()
     if not force and stage.up_to_date(key):
         log.info("%s: up to date, skipped (inputs and config unchanged; --force re-runs it)", stage.name)
@@ -294,7 +196,7 @@ def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], fo
         "versions": library_versions(),
         "host": platform.node(),
         "user": getpass.getuser(),
-        "started_at": _now(),
+        "started_at": utc_now(),
     }
     atomic_write_json(stage.manifest_path, manifest)
     start = time.time()
@@ -304,13 +206,13 @@ def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], fo
         try:
             returned = body(stage) or {}
         except BaseException as exc:
-            manifest.update(status="failed", error=f"{type(exc).__name__}: {exc}", finished_at=_now())
+            manifest.update(status="failed", error=f"{type(exc).__name__}: {exc}", finished_at=utc_now())
             atomic_write_json(stage.manifest_path, manifest)
             raise
         stage.metrics.update(returned)
         manifest.update(
             status="complete",
-            finished_at=_now(),
+            finished_at=utc_now(),
             duration_s=round(time.time() - start, 3),
             metrics=stage.metrics,
             outputs=stage.output_hashes(),

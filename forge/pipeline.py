@@ -20,7 +20,7 @@ from typing import Any
 
 from forge import ForgeError, report_card
 from forge.config import ForgeConfig
-from forge.lineage import run_dir
+from forge.paths import run_dir
 from forge.stages import PIPELINE, STAGES
 
 log = logging.getLogger("forge.pipeline")
@@ -77,12 +77,10 @@ def run(cfg: ForgeConfig, force: bool = False, serve: bool = True, echo: Callabl
 def serve_and_chat(cfg: ForgeConfig) -> None:
     """Start the production model's server, then the chat UI in front of it (its URL is the last line printed),
     until Ctrl-C or SIGTERM; the server is stopped either way."""
-    from serve import stage as serving
-
-    info = serving.run(cfg, block=False)
-    previous = signal.signal(signal.SIGTERM, serving.interrupt)
+    info = STAGES["serve"].load()(cfg, block=False)
+    previous = signal.signal(signal.SIGTERM, STAGES["serve"].call("interrupt"))
     try:
-        serving.chat_run(cfg, api_base=info["base_url"], model=info["alias"], block=True)
+        STAGES["chat"].load()(cfg, api_base=info["base_url"], model=info["alias"], block=True)
     except KeyboardInterrupt:
         pass
     finally:

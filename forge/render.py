@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from forge.lineage import atomic_path
+from forge.io import atomic_path
 
 Table = tuple[str, list[str], list[list[str]]]  # (heading, header, rows)
 

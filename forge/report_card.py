@@ -18,17 +18,15 @@ from typing import Any
 
 from forge import render
 from forge.config import ForgeConfig
-from forge.lineage import atomic_write_json, atomic_write_text, read_json_object, read_manifest, run_dir
+from forge.io import atomic_write_json, atomic_write_text, read_json_object
+from forge.lineage import read_manifest
+from forge.paths import run_dir
 from forge.render import fmt
-from forge.stages import RUN_LAYOUT
+from forge.stages import RUN_LAYOUT, stage_file
 
 DOMAIN_METRICS = ("perplexity", "qa_f1", "qa_exact_match", "mc_acc", "mc_acc_norm", "mc_acc_pmi")
-# Plots the stages already drew, copied next to the report so the page is self-contained.
-STAGE_PLOTS = {
-    "removed_by_filter.png": "data/removed_by_filter.png",
-    "loss_curves.png": "pretrain/loss_curves.png",
-    "val_ppl.png": "eval-pretrain/plots/val_ppl.png",
-}
+# The stages whose plots are copied next to the report, so the page is self-contained.
+PLOTTING_STAGES = ("data", "pretrain", "eval")
 
 
 def hardware() -> dict[str, Any]:
@@ -49,7 +47,7 @@ def collect(cfg: ForgeConfig, outcome: dict[str, Any]) -> dict[str, Any]:
     """Every number the card shows, from the run directory. `outcome`: what the pipeline knows (wall time, stop)."""
     run = run_dir(cfg)
     manifests = {name: read_manifest(run / name) or {} for name in RUN_LAYOUT}
-    evals = {t: read_json_object(run / f"eval-{t}" / "eval.json") or {} for t in ("pretrain", "sft")}
+    evals = {t: read_json_object(stage_file(run, "eval", t)) or {} for t in ("pretrain", "sft")}
     return {
         "format": "forge-report-card/1",
         "run": cfg.run_name,
@@ -65,9 +63,9 @@ def collect(cfg: ForgeConfig, outcome: dict[str, Any]) -> dict[str, Any]:
         "metrics": {n: m.get("metrics", {}) for n, m in manifests.items()},
         "eval": {t: {m["name"]: m for m in e.get("metrics", [])} for t, e in evals.items()},
         "flags": {t: {f["name"]: f for f in e.get("flags", [])} for t, e in evals.items()},
-        "quantize": (read_json_object(run / "quantize" / "quantize.json") or {}).get("artifacts", {}),
-        "gate": read_json_object(run / "promote" / "decision.json"),
-        "version": read_json_object(run / "register" / "version.json"),
+        "quantize": (read_json_object(stage_file(run, "quantize", "report")) or {}).get("artifacts", {}),
+        "gate": read_json_object(stage_file(run, "promote", "decision")),
+        "version": read_json_object(stage_file(run, "register", "version")),
     }
 
 
@@ -224,11 +222,12 @@ def write(cfg: ForgeConfig, outcome: dict[str, Any]) -> Path:
     run = run_dir(cfg)
     card = collect(cfg, outcome)
     plots = []
-    for name, source in STAGE_PLOTS.items():
-        if (run / source).is_file():
+    for stage in PLOTTING_STAGES:
+        source = stage_file(run, stage, "plot")
+        if source.is_file():
             (run / "report").mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(run / source, run / "report" / name)
-            plots.append(f"report/{name}")
+            shutil.copyfile(source, run / "report" / source.name)
+            plots.append(f"report/{source.name}")
     if plot_eval(card, run / "report" / "eval_before_after_sft.png"):
         plots.append("report/eval_before_after_sft.png")
     if plot_quantization(card, run / "report" / "quantization.png"):
@@ -249,7 +248,7 @@ def attach(cfg: ForgeConfig) -> str | None:
     files = [run / n for n in ("report.md", "report.html", "report.json")] + sorted((run / "report").glob("*.png"))
     client = tracking.client_for(cfg)
     parent = tracking.parent_run_id(client, cfg, tracking.experiment_id(client, cfg))
-    version = read_json_object(run / "register" / "version.json")
+    version = read_json_object(stage_file(run, "register", "version"))
     targets = [parent] + ([version["run_id"]] if version else [])
     for run_id in targets:
         for f in files:

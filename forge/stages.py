@@ -1,55 +1,93 @@
-"""The stages of a Forge run, in pipeline order, and where each one's code lives.
+"""The map of Forge: every stage of a run, in pipeline order, where its code lives, what it reads and writes.
 
-Each stage is a function `run(cfg: ForgeConfig, force: bool = False, **options) -> dict` in its stage package,
-returning the stage's manifest. The CLI verbs and `forge pipeline` both go through this table, so a stage is
-wired in one place. A stage whose issue has not landed has no target and raises `NotBuiltYet`.
+Each stage is a function `run(cfg: ForgeConfig, force: bool = False, **options) -> dict` (its manifest) named by
+`target` as "package.module:function". The CLI verbs, `forge pipeline`, `forge status` and the report card all read
+this table, so a stage is wired in one place, and `forge/` never imports a stage package: the function is looked up
+when the verb runs (which also keeps `forge --help` fast).
+
+    dirs     the directories the stage writes under runs/<run>/ (eval: one per model it evaluates)
+    reads    the stages whose outputs it reads (their directories must hold a complete manifest)
+    files    named outputs other stages and the report card read, relative to the run directory
+    calls    other functions of the stage's package a verb needs (promote's decision table, registry history)
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
-
-from forge import NotBuiltYet
 
 
 @dataclass(frozen=True)
 class StageSpec:
     name: str
-    target: str | None  # "package.module:function", None until built
-    issue: int  # the issue that builds it
+    target: str
     summary: str
+    dirs: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
+    files: dict[str, str] = field(default_factory=dict)
+    calls: dict[str, str] = field(default_factory=dict)
 
     @property
-    def built(self) -> bool:
-        return self.target is not None
+    def code(self) -> str:
+        """The source file of the stage's function, relative to the repository: where a newcomer starts reading."""
+        return self.target.partition(":")[0].replace(".", "/") + ".py"
 
     def load(self) -> Callable[..., Any]:
-        if self.target is None:
-            raise NotBuiltYet(f"forge {self.name}: not implemented yet (issue #{self.issue})")
-        module, _, function = self.target.partition(":")
-        return getattr(importlib.import_module(module), function)
+        return load(self.target)
+
+    def call(self, name: str) -> Callable[..., Any]:
+        return load(self.calls[name])
 
 
-# name, "module:function" (None until built), the issue that builds it, what it does (the verb's --help).
-_TABLE = [
-    ("plan", "pretrain.plan:run", 5, "parameters, token budget, memory per GPU, OOM verdict and time"),
-    ("data", "pretrain.data.stage:run", 3, "ingest, split 98:1:1, clean, deduplicate, report what was removed"),
-    ("tokenizer", "pretrain.tokenizer:run", 4, "train a byte-level BPE on train, check compression, write shards"),
-    ("pretrain", "pretrain.train:run", 6, "train the decoder-only model with Accelerate; export the best checkpoint"),
-    ("eval", "evaluation.stage:run", 7, "perplexity, domain tasks and red flags for a model"),
-    ("sft", "finetune.sft:run", 8, "supervised fine-tuning with TRL on domain Q&A (full, LoRA, QLoRA)"),
-    ("quantize", "serve.quantize:run", 9, "GGUF f16/Q8_0/Q4_K_M and bitsandbytes 8/4-bit, with quality drift"),
-    ("register", "serve.registry:run", 10, "register the candidate in the MLflow model registry with its evidence"),
-    ("promote", "serve.registry:promote_run", 10, "move the production alias if the gate passes"),
-    ("rollback", "serve.registry:rollback_run", 10, "move production back to the previous version that passed"),
-    ("serve", "serve.stage:run", 11, "serve the production model (llama.cpp on CPU, vLLM on GPU), OpenAI API"),
-    ("chat", "serve.stage:chat_run", 11, "the Gradio chat UI in front of a served model"),
-    ("bundle", "serve.stage:bundle_run", 11, "a checksummed CPU deploy bundle of the production model"),
-]
-STAGES: dict[str, StageSpec] = {row[0]: StageSpec(*row) for row in _TABLE}
+def load(target: str) -> Callable[..., Any]:
+    """The function named by "package.module:function"."""
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+STAGES: dict[str, StageSpec] = {
+    spec.name: spec
+    for spec in [
+        StageSpec("plan", "pretrain.plan:run", "parameters, token budget, memory per GPU, OOM verdict and time",
+                  dirs=("plan",), files={"plan": "plan/plan.json"}),
+        StageSpec("data", "pretrain.data.stage:run",
+                  "ingest, split into train/val/test, clean, deduplicate, report what was removed",
+                  dirs=("data",), files={"plot": "data/removed_by_filter.png", "report": "data/report.json"}),
+        StageSpec("tokenizer", "pretrain.tokenizer:run",
+                  "train a byte-level BPE on train, check compression, write token shards",
+                  dirs=("tokenizer",), reads=("data",)),
+        StageSpec("pretrain", "pretrain.train:run",
+                  "train the decoder-only model with Accelerate; export the best checkpoint",
+                  dirs=("pretrain",), reads=("tokenizer",), files={"plot": "pretrain/loss_curves.png"}),
+        StageSpec("eval", "evaluation.stage:run", "perplexity, domain tasks and red flags for a model",
+                  dirs=("eval-pretrain", "eval-sft"), reads=("data", "tokenizer", "pretrain", "sft"),
+                  files={"pretrain": "eval-pretrain/eval.json", "sft": "eval-sft/eval.json",
+                         "plot": "eval-pretrain/plots/val_ppl.png"}),
+        StageSpec("sft", "finetune.sft:run", "supervised fine-tuning with TRL on domain Q&A (full, LoRA, QLoRA)",
+                  dirs=("sft",), reads=("pretrain",)),
+        StageSpec("quantize", "serve.quantize:run",
+                  "GGUF f16/Q8_0/Q4_K_M and bitsandbytes 8/4-bit, with quality drift",
+                  dirs=("quantize",), reads=("pretrain", "sft"), files={"report": "quantize/quantize.json"}),
+        StageSpec("register", "serve.registry:run",
+                  "register the candidate in the MLflow model registry with its evidence",
+                  dirs=("register",), reads=("eval", "quantize"), files={"version": "register/version.json"}),
+        StageSpec("promote", "serve.registry:promote_run", "move the production alias if the gate passes",
+                  reads=("register",), files={"decision": "promote/decision.json"},
+                  calls={"decide": "serve.registry:promote", "events": "serve.registry:events",
+                         "format_history": "serve.registry:format_history"}),
+        StageSpec("rollback", "serve.registry:rollback_run",
+                  "move production back to the previous version that passed the gate",
+                  calls={"rollback": "serve.registry:rollback"}),
+        StageSpec("serve", "serve.stage:run",
+                  "serve the production model (llama.cpp on CPU, vLLM on GPU), OpenAI API",
+                  calls={"interrupt": "serve.stage:interrupt"}),
+        StageSpec("chat", "serve.stage:chat_run", "the Gradio chat UI in front of a served model"),
+        StageSpec("bundle", "serve.stage:bundle_run", "a checksummed CPU deploy bundle of the production model"),
+    ]
+}  # fmt: skip
 
 # The pipeline: (stage, options). eval runs twice, on the pretrained and on the fine-tuned model.
 PIPELINE: list[tuple[str, dict[str, Any]]] = [
@@ -65,5 +103,10 @@ PIPELINE: list[tuple[str, dict[str, Any]]] = [
     ("promote", {}),
 ]
 
-# Directories a run may hold, in the order `forge status` shows them.
-RUN_LAYOUT = ["plan", "data", "tokenizer", "pretrain", "eval-pretrain", "sft", "eval-sft", "quantize", "register"]
+# Directories a run may hold, in the order `forge status` and the report card show them.
+RUN_LAYOUT: list[str] = [d for spec in STAGES.values() for d in spec.dirs]
+
+
+def stage_file(run: Path, stage: str, name: str) -> Path:
+    """The path of a stage's named output (STAGES[stage].files[name]) in run directory `run`."""
+    return run / STAGES[stage].files[name]

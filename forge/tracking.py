@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.config import ForgeConfig
-from forge.lineage import runs_root
+from forge.paths import runs_root
 
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")  # MLflow probes git; we record the commit ourselves
 

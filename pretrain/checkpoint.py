@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from forge import ForgeError
-from forge.lineage import atomic_path
+from forge.io import atomic_path
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 

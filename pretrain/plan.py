@@ -48,7 +48,9 @@ from typing import Any
 
 from forge import ForgeError
 from forge.config import ForgeConfig, ModelConfig
-from forge.lineage import Stage, atomic_write_json, atomic_write_text, completed_manifest, run_dir, run_stage
+from forge.io import atomic_write_json, atomic_write_text
+from forge.lineage import Stage, completed_manifest, run_stage
+from forge.paths import run_dir
 from pretrain.hardware import flops_per_token as training_flops_per_token
 from pretrain.model import count_parameters, parameter_breakdown, validate
 

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
 from forge import ForgeError
-from forge.lineage import atomic_path
+from forge.io import atomic_path
 
 FORMAT = "forge-token-shards/1"
 READ_BATCH_DOCS = 1024  # documents per encode_batch call: enough work for the Rust thread pool, little RAM

@@ -38,15 +38,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from forge import ForgeError
 from forge.config import ForgeConfig, TokenizerConfig
-from forge.lineage import (
-    Stage,
-    atomic_write_bytes,
-    atomic_write_json,
-    atomic_write_text,
-    require_completed,
-    run_stage,
-    sha256_file,
-)
+from forge.hashing import sha256_file
+from forge.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from forge.lineage import Stage, require_completed, run_stage
 from pretrain.token_shards import SplitStats, iter_text_batches, load_split, write_shards
 
 log = logging.getLogger("forge.tokenizer")

@@ -47,7 +47,9 @@ import torch.nn.functional as F
 
 from forge import ForgeError, render
 from forge.config import ForgeConfig, TrainConfig
-from forge.lineage import Stage, atomic_path, atomic_write_json, atomic_write_text, read_manifest, run_dir, run_stage
+from forge.io import atomic_path, atomic_write_json, atomic_write_text
+from forge.lineage import Stage, read_manifest, run_stage
+from forge.paths import run_dir
 from pretrain import checkpoint as ckpt
 from pretrain.hardware import flops_per_token, peak_flops
 from pretrain.loader import IGNORE, WindowLoader, eval_windows, iter_eval_batches

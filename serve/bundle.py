@@ -21,7 +21,8 @@ from typing import Any
 
 from forge import ForgeError
 from forge.config import ServeConfig
-from forge.lineage import atomic_write_json, sha256_file
+from forge.hashing import sha256_file
+from forge.io import atomic_write_json
 
 MANIFEST = "manifest.json"
 FORMAT = 1

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from forge import ForgeError
-from forge.lineage import atomic_path
+from forge.io import atomic_path
 
 ARCHITECTURES = ("llama", "gpt2")
 GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast")  # llama.cpp's gpt2 graph: tanh GELU

@@ -39,7 +39,9 @@ import numpy as np
 
 from forge import ForgeError
 from forge.config import ForgeConfig
-from forge.lineage import Stage, atomic_write_json, atomic_write_text, candidate_model, run_dir, run_stage
+from forge.io import atomic_write_json, atomic_write_text
+from forge.lineage import Stage, candidate_model, run_stage
+from forge.paths import run_dir
 from models.access import Backend, GGUFBackend, HFBackend
 from models.gguf import check_gguf
 from serve.gguf_export import export_gguf
@@ -87,7 +89,7 @@ def quantize_gguf(src: Path, dst: Path, type_name: str, threads: int | None = No
     """Quantize an f16/f32 GGUF to `type_name` with llama.cpp's quantizer; the result is checked, then renamed."""
     import llama_cpp
 
-    from forge.lineage import atomic_path
+    from forge.io import atomic_path
 
     check_types([type_name])
     ftype = gguf_types()[type_name.lower()]

@@ -33,26 +33,16 @@ import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from evaluation import gate
 from forge import ForgeError
 from forge.config import ForgeConfig
-from forge.lineage import (
-    Stage,
-    atomic_write_json,
-    candidate_model,
-    completed_manifest,
-    git_commit,
-    read_json_object,
-    run_dir,
-    run_stage,
-    runs_root,
-    sha256_file,
-    sha256_tree,
-)
+from forge.hashing import sha256_file, sha256_tree
+from forge.io import atomic_write_json, read_json_object, utc_now
+from forge.lineage import Stage, candidate_model, completed_manifest, git_commit, run_stage
+from forge.paths import run_dir, runs_root
 from forge.tracking import client_for, experiment_id, tracking_uri
 
 log = logging.getLogger("forge.registry")
@@ -348,7 +338,7 @@ def _scratch() -> Path:
 
 
 def _record(cfg: ForgeConfig, client, d: Decision) -> None:
-    now, user = _now(), getpass.getuser()
+    now, user = utc_now(), getpass.getuser()
     failing = gate.failing(d.checks)
     details = json.dumps([{"check": c.name, "detail": c.detail} for c in d.checks if not c.passed])
     tags = {
@@ -487,7 +477,7 @@ def rollback(cfg: ForgeConfig, name: str | None = None) -> dict[str, Any]:
             continue
         if mv.tags.get("forge.gate.decision") != "pass":
             continue
-        now, user = _now(), getpass.getuser()
+        now, user = utc_now(), getpass.getuser()
         client.set_registered_model_alias(name, ALIAS, version)
         client.set_model_version_tag(name, version, "forge.production.since", now)
         client.set_model_version_tag(name, prod_v, "forge.production.rolled_back", now)
@@ -546,10 +536,6 @@ def _verify_files(mv, root: Path) -> None:
     bad = [k for k in expected if expected[k] is None or expected[k] != actual[k]]
     if bad:
         raise ForgeError(f"refusing to serve v{mv.version}: files changed since registration ({', '.join(bad)})")
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def _millis() -> int:

@@ -19,7 +19,8 @@ from typing import Any
 
 from forge import ForgeError
 from forge.config import ForgeConfig
-from forge.lineage import atomic_write_json, read_json_object, run_dir
+from forge.io import atomic_write_json, read_json_object
+from forge.paths import run_dir
 from models.gguf import check_gguf, context_length
 from serve.backends import Backend, llamacpp_command, select_backend, vllm_command
 

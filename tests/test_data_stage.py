@@ -400,7 +400,7 @@ def test_builtin_corpus_through_the_cli_finds_duplicates():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     print(f"forge data on the builtin corpus: {time.time() - start:.1f}s")  # acceptance: < 2 min on an idle machine
-    from forge.lineage import runs_root
+    from forge.paths import runs_root
 
     report = json.loads((runs_root() / "stdlib" / "data" / "report.json").read_text())
     assert report["raw"]["docs"] > 5000

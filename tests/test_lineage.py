@@ -7,7 +7,9 @@ import json
 import pytest
 
 from forge.config import load_config
-from forge.lineage import Stage, atomic_path, atomic_write_text, read_manifest, run_stage, sha256_file
+from forge.hashing import sha256_file
+from forge.io import atomic_path, atomic_write_text
+from forge.lineage import Stage, read_manifest, run_stage
 
 
 class CountingBody:

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from forge import ForgeError
 from forge.config import ModelConfig, load_config
-from forge.lineage import atomic_write_json, run_dir
+from forge.io import atomic_write_json
+from forge.paths import run_dir
 from pretrain.plan import (
     GB,
     GIB,

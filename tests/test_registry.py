@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from evaluation.report import build_eval
 from forge import ForgeError
 from forge.config import ForgeConfig, ModelConfig, load_config
-from forge.lineage import sha256_file, sha256_tree
+from forge.hashing import sha256_file, sha256_tree
 from serve import registry
 
 REPO = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ import pytest
 from conftest import free_port, wait_for_mlflow
 from test_registry import REPO, config, model_src, register  # noqa: F401 - fixture
 
-from forge.lineage import sha256_file, sha256_tree
+from forge.hashing import sha256_file, sha256_tree
 from serve import registry
 
 TEAM_ENV = dict(line.split("=", 1) for line in (REPO / "docker" / "team.env").read_text().splitlines() if "=" in line)

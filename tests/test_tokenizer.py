@@ -17,7 +17,7 @@ import pytest
 
 from forge import ForgeError
 from forge.config import load_config
-from forge.lineage import run_dir
+from forge.paths import run_dir
 from pretrain import tokenizer as stage
 from pretrain.token_shards import load_split, read_meta, token_dtype
 

@@ -18,7 +18,7 @@ import zstandard
 
 from forge import render
 from forge.config import ForgeConfig
-from forge.lineage import atomic_path, atomic_write_json, atomic_write_text
+from forge.io import atomic_path, atomic_write_json, atomic_write_text
 
 CHARS_PER_TOKEN = 4.0
 SAMPLES_PER_FILTER = 5
