@@ -107,8 +107,8 @@ def plan_verb(
     run: RunOpt = None,
     force: ForceOpt = False,
     hardware: Annotated[Optional[str], typer.Option(
-        "--hardware", help="rtx4090, a100-40gb, a100-80gb, h100-80gb, h200, cpu, or custom (with plan.memory_gb and "
-        "plan.peak_tflops); default: the config's plan.hardware.")] = None,
+        "--hardware", help="A profile of pretrain/hardware.py (rtx4090, a100-80gb, h100-80gb, h200, ...), cpu, or "
+        "custom (with plan.memory_gb and plan.peak_tflops); default: the config's plan.hardware.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:  # fmt: skip
     """Parameters, token budget, memory per GPU, OOM verdict, time and disk: before anything runs."""

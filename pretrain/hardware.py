@@ -1,34 +1,109 @@
-"""Training FLOPs per token and a device's peak FLOP/s, for the MFU estimate the training loop logs.
+"""The hardware Forge plans for and measures against: one table of device profiles, FLOPs per token, peak FLOP/s.
 
+    hardware_profile(cfg, name)         a named profile (plan.hardware, `forge plan --hardware`), "cpu" (this
+                                        machine) or "custom" (plan.memory_gb and plan.peak_tflops)
     flops_per_token(cfg.model, vocab)   6 N (forward + backward of every matmul weight, the output head included)
                                         + 12 L H T (attention scores and values, PaLM appendix B)
-    peak_flops(device, precision)       dense tensor-core peak of a known GPU; for a CPU, `forge plan`'s CPU profile
+    peak_flops(device, precision)       the peak of the GPU the training loop runs on (matched by its device name
+                                        in the same table), or of this CPU: the MFU the loop logs
 
-The numbers are estimates: MFU tells whether a run is in the right range (30-50% on a GPU is good), not more.
-`plan.peak_tflops` in the config overrides the table; the CPU figure is `forge plan`'s.
+The plan's time estimate and the measured MFU read the same peak, so they agree. The numbers are estimates: MFU
+tells whether a run is in the right range (30-50% on a GPU is good), not more.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
+from forge import ForgeError
 from forge.config import ForgeConfig, ModelConfig
 from pretrain.model import parameter_breakdown
 
-# Dense bf16/fp16 tensor-core peak in TFLOP/s, from the vendors' datasheets (no sparsity), by device-name substring.
-GPU_PEAK_TFLOPS = {
-    "H200": 989.0,
-    "H100 PCIe": 756.0,
-    "H100": 989.0,
-    "A100": 312.0,
-    "L40S": 362.0,
-    "L4": 121.0,
-    "A10G": 70.0,
-    "A10": 125.0,
-    "RTX 4090": 165.0,
-    "RTX 3090": 71.0,
-    "V100": 125.0,
-    "T4": 65.0,
-}
+GIB = 1024**3
 FP32_FRACTION = 0.5  # fp32 matmuls run as TF32 at about half the bf16 rate on Ampere and later
+UNKNOWN_GPU_TFLOPS = 100.0  # a GPU not in the table: a mid-range guess; plan.peak_tflops sets the real figure
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    label: str
+    memory_gib: float  # per device; a GPU's "24 GB" is 24 GiB, and plan.memory_gb is read the same way
+    peak_tflops: float  # dense bf16 tensor-core peak from the vendor's datasheet, no sparsity (fp32 for the CPU)
+    kind: str = "gpu"
+    overhead_gib: float = 0.8  # CUDA context, cuBLAS/cuDNN workspaces: not available to tensors
+    device_name: str = ""  # a substring of torch.cuda.get_device_name() that identifies the device
+
+
+PROFILES: dict[str, Hardware] = {
+    h.name: h
+    for h in [
+        Hardware("rtx4090", "NVIDIA RTX 4090 24 GB", 24, 165, device_name="RTX 4090"),
+        Hardware("rtx3090", "NVIDIA RTX 3090 24 GB", 24, 71, device_name="RTX 3090"),
+        Hardware("t4", "NVIDIA T4 16 GB", 16, 65, device_name="T4"),
+        Hardware("v100", "NVIDIA V100 32 GB", 32, 125, device_name="V100"),
+        Hardware("a10", "NVIDIA A10 24 GB", 24, 125, device_name="A10"),
+        Hardware("a10g", "NVIDIA A10G 24 GB", 24, 70, device_name="A10G"),
+        Hardware("l4", "NVIDIA L4 24 GB", 24, 121, device_name="L4"),
+        Hardware("l40s", "NVIDIA L40S 48 GB", 48, 362, device_name="L40S"),
+        Hardware("a100-40gb", "NVIDIA A100 40 GB", 40, 312),  # by name an A100: the 80 GB profile, same peak
+        Hardware("a100-80gb", "NVIDIA A100 80 GB", 80, 312, device_name="A100"),
+        Hardware("h100-pcie", "NVIDIA H100 PCIe 80 GB", 80, 756, device_name="H100 PCIe"),
+        Hardware("h100-80gb", "NVIDIA H100 SXM 80 GB", 80, 989, device_name="H100"),
+        Hardware("h200", "NVIDIA H200 141 GB", 141, 989, device_name="H200"),
+    ]
+}  # fmt: skip
+ALIASES = {"4090": "rtx4090", "3090": "rtx3090", "a100": "a100-80gb", "h100": "h100-80gb", "h200-141gb": "h200"}
+
+
+def _cpu_profile() -> Hardware:
+    try:
+        import psutil
+
+        memory = psutil.virtual_memory().total / GIB
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        memory = 16.0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # AVX2: 2 FMA units x 8 fp32 lanes x 2 flops x ~3 GHz ~ 0.1 TFLOP/s per core, an optimistic ceiling
+    return Hardware("cpu", f"this CPU ({cores} cores, fp32)", round(memory, 1), 0.1 * cores, "cpu", 0.0)
+
+
+def hardware_profile(cfg: ForgeConfig, name: str | None = None) -> Hardware:
+    """The profile named by `name` or plan.hardware; plan.memory_gb / plan.peak_tflops override its figures."""
+    p = cfg.plan
+    key = (name or p.hardware).lower()
+    key = ALIASES.get(key, key)
+    if key == "custom":
+        if p.memory_gb is None or p.peak_tflops is None:
+            raise ForgeError(
+                "plan.hardware=custom needs plan.memory_gb and plan.peak_tflops, e.g. --set plan.memory_gb=48 "
+                "--set plan.peak_tflops=180"
+            )
+        hw = Hardware("custom", f"custom GPU {p.memory_gb:g} GB, {p.peak_tflops:g} TFLOP/s", p.memory_gb, p.peak_tflops)
+    elif key == "cpu":
+        hw = _cpu_profile()
+    elif key in PROFILES:
+        hw = PROFILES[key]
+    else:
+        raise ForgeError(
+            f"plan.hardware={key!r} is not a known profile; use one of {', '.join(known_profiles())} "
+            "(custom needs plan.memory_gb and plan.peak_tflops)"
+        )
+    if key != "custom" and (p.memory_gb is not None or p.peak_tflops is not None):
+        hw = Hardware(hw.name, hw.label + " (overridden)", p.memory_gb or hw.memory_gib,
+                      p.peak_tflops or hw.peak_tflops, hw.kind, hw.overhead_gib, hw.device_name)  # fmt: skip
+    return hw
+
+
+def known_profiles() -> list[str]:
+    return [*PROFILES, "cpu", "custom"]
+
+
+def gpu_profile(device_name: str) -> Hardware | None:
+    """The profile of a CUDA device by its name; the longest matching name wins ("H100 PCIe" over "H100")."""
+    matches = [h for h in PROFILES.values() if h.device_name and h.device_name in device_name]
+    return max(matches, key=lambda h: len(h.device_name), default=None)
 
 
 def flops_per_token(model_cfg: ModelConfig, vocab_size: int) -> float:
@@ -40,18 +115,13 @@ def flops_per_token(model_cfg: ModelConfig, vocab_size: int) -> float:
 
 
 def peak_flops(device_type: str, precision: str, cfg: ForgeConfig | None = None) -> float:
-    """Peak FLOP/s of one device of this kind (a whole CPU counts as one device); `plan.peak_tflops` overrides.
-
-    The CPU figure is `forge plan`'s CPU profile, so the plan's time estimate and the measured MFU agree.
-    """
+    """Peak FLOP/s of one device of this kind (a whole CPU counts as one device); `plan.peak_tflops` overrides."""
     if cfg is not None and cfg.plan.peak_tflops:
         return cfg.plan.peak_tflops * 1e12
     if device_type == "cuda":
         import torch
 
-        name = torch.cuda.get_device_name()
-        tflops = next((v for k, v in GPU_PEAK_TFLOPS.items() if k in name), 100.0)
+        profile = gpu_profile(torch.cuda.get_device_name())
+        tflops = profile.peak_tflops if profile else UNKNOWN_GPU_TFLOPS
         return tflops * 1e12 * (FP32_FRACTION if precision == "fp32" else 1.0)
-    from pretrain.plan import hardware_profile  # deferred: plan imports this module
-
-    return hardware_profile(cfg or ForgeConfig(), "cpu").peak_tflops * 1e12
+    return _cpu_profile().peak_tflops * 1e12

@@ -41,90 +41,22 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from forge import ForgeError
 from forge.config import ForgeConfig, ModelConfig
 from forge.io import atomic_write_json, atomic_write_text
 from forge.lineage import Stage, completed_manifest, run_stage
 from forge.paths import run_dir
+from pretrain.hardware import GIB, Hardware, hardware_profile
 from pretrain.hardware import flops_per_token as training_flops_per_token
 from pretrain.model import count_parameters, parameter_breakdown, validate
 
-GIB = 1024**3
 GB = 1e9
 TEXT_BYTES_PER_TOKEN = 4.0  # the seeds' rule of thumb for English text with a BPE tokenizer
 TOKENS_PER_PARAM = (20, 100)  # Chinchilla-optimal (Hoffmann et al. 2022) to the "train longer" regime
 HEADROOM = 0.92  # the share of device memory a plan may fill (allocator fragmentation, spikes)
-
-
-@dataclass(frozen=True)
-class Hardware:
-    name: str
-    label: str
-    memory_gib: float  # per device; a GPU's "24 GB" is 24 GiB, and plan.memory_gb is read the same way
-    peak_tflops: float  # dense bf16 tensor-core peak (fp32 for the CPU)
-    kind: str = "gpu"
-    overhead_gib: float = 0.8  # CUDA context, cuBLAS/cuDNN workspaces: not available to tensors
-
-
-def _cpu_profile() -> Hardware:
-    try:
-        import psutil
-
-        memory = psutil.virtual_memory().total / GIB
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        memory = 16.0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    # AVX2: 2 FMA units x 8 fp32 lanes x 2 flops x ~3 GHz ~ 0.1 TFLOP/s per core, an optimistic ceiling
-    return Hardware("cpu", f"this CPU ({cores} cores, fp32)", round(memory, 1), 0.1 * cores, "cpu", 0.0)
-
-
-PROFILES: dict[str, Hardware] = {
-    h.name: h
-    for h in [
-        Hardware("rtx4090", "NVIDIA RTX 4090 24 GB", 24, 165),
-        Hardware("a100-40gb", "NVIDIA A100 40 GB", 40, 312),
-        Hardware("a100-80gb", "NVIDIA A100 80 GB", 80, 312),
-        Hardware("h100-80gb", "NVIDIA H100 SXM 80 GB", 80, 989),
-        Hardware("h200", "NVIDIA H200 141 GB", 141, 989),
-    ]
-}
-ALIASES = {"4090": "rtx4090", "a100": "a100-80gb", "h100": "h100-80gb", "h200-141gb": "h200"}
-
-
-def hardware_profile(cfg: ForgeConfig, name: str | None = None) -> Hardware:
-    """The profile named by `name` or plan.hardware; plan.memory_gb / plan.peak_tflops override its figures."""
-    p = cfg.plan
-    key = (name or p.hardware).lower()
-    key = ALIASES.get(key, key)
-    if key == "custom":
-        if p.memory_gb is None or p.peak_tflops is None:
-            raise ForgeError(
-                "plan.hardware=custom needs plan.memory_gb and plan.peak_tflops, e.g. --set plan.memory_gb=48 "
-                "--set plan.peak_tflops=180"
-            )
-        hw = Hardware("custom", f"custom GPU {p.memory_gb:g} GB, {p.peak_tflops:g} TFLOP/s", p.memory_gb, p.peak_tflops)
-    elif key == "cpu":
-        hw = _cpu_profile()
-    elif key in PROFILES:
-        hw = PROFILES[key]
-    else:
-        raise ForgeError(
-            f"plan.hardware={key!r} is not a known profile; use one of {', '.join(known_profiles())} "
-            "(custom needs plan.memory_gb and plan.peak_tflops)"
-        )
-    if key != "custom" and (p.memory_gb is not None or p.peak_tflops is not None):
-        hw = Hardware(hw.name, hw.label + " (overridden)", p.memory_gb or hw.memory_gib,
-                      p.peak_tflops or hw.peak_tflops, hw.kind, hw.overhead_gib)  # fmt: skip
-    return hw
-
-
-def known_profiles() -> list[str]:
-    return [*PROFILES, "cpu", "custom"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

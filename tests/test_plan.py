@@ -16,12 +16,11 @@ from forge import ForgeError
 from forge.config import ModelConfig, load_config
 from forge.io import atomic_write_json
 from forge.paths import run_dir
+from pretrain.hardware import PROFILES, gpu_profile, hardware_profile
 from pretrain.plan import (
     GB,
     GIB,
-    PROFILES,
     estimate,
-    hardware_profile,
     layer_activation_bytes,
     memory_estimate,
     render_text,
@@ -156,6 +155,15 @@ def test_known_profiles_and_custom():
         hardware_profile(load_config(None, ["plan.hardware=custom"]))
     with pytest.raises(ForgeError, match="not a known profile; use one of rtx4090"):
         hardware_profile(load_config(None), "tpu-v9")
+
+
+def test_a_gpu_is_matched_to_its_profile_by_its_most_specific_device_name():
+    assert gpu_profile("NVIDIA H100 PCIe").name == "h100-pcie"
+    assert gpu_profile("NVIDIA H100 80GB HBM3").name == "h100-80gb"
+    assert gpu_profile("NVIDIA A10G").name == "a10g" and gpu_profile("NVIDIA A10").name == "a10"
+    assert gpu_profile("NVIDIA L40S").name == "l40s" and gpu_profile("NVIDIA L4").name == "l4"
+    assert gpu_profile("NVIDIA H200").peak_tflops == 989
+    assert gpu_profile("Some Future Accelerator") is None
 
 
 # ----------------------------------------------------------------------------------------------------------------
