@@ -59,10 +59,13 @@ $(VLLM_STAMP):
 test-vllm: install $(VLLM_STAMP)
 	FORGE_TEST_VLLM=1 FORGE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q tests/test_serve_vllm.py -rs
 
+# The same checks run before each commit with `pre-commit install` (.pre-commit-config.yaml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/hadolint Dockerfile
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python tests/test_imports.py
 
 # A real MLflow server (UI + API) on 127.0.0.1 over the same store the stages write to.
 mlflow: install

@@ -57,7 +57,10 @@ def run_benchmarks(
         from lm_eval import simple_evaluate
         from lm_eval.tasks import TaskManager
     except ImportError as exc:
-        raise ForgeError(f"--benchmarks needs lm-evaluation-harness (pip install lm-eval): {exc}") from None
+        raise ForgeError(
+            "--benchmarks (eval.benchmarks) needs lm-evaluation-harness, an optional part of Forge: pip install "
+            f"'forge-slm[benchmarks]' (in a checkout: pip install -e '.[benchmarks]'), or leave it empty ({exc})"
+        ) from None
     # lm-eval's own registry (thousands of YAML files) is indexed only when a task of it is asked for
     manager = TaskManager(include_path=str(out_dir), include_defaults=any(t != DOMAIN_TASK for t in tasks))
     unknown = [t for t in tasks if t not in manager.all_tasks]

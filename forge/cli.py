@@ -15,7 +15,6 @@ import contextlib
 import inspect
 import json
 import logging
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -325,4 +324,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

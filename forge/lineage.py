@@ -179,9 +179,9 @@ def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], fo
     key = stage.skip_key()
     if not force and stage.up_to_date(key):
         log.info("%s: up to date, skipped (inputs and config unchanged; --force re-runs it)", stage.name)
-        manifest = stage.read_manifest()
-        assert manifest is not None
-        return manifest
+        done = stage.read_manifest()
+        assert done is not None  # up_to_date() just read it
+        return done
 
     stage.dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(stage.dir / CONFIG_FILE, stage.cfg.to_yaml())
@@ -227,7 +227,7 @@ def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], fo
 
 def stage_states(run: Path, stage_names: list[str]) -> list[dict[str, Any]]:
     """The state of each stage of a run, for `forge status`."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in stage_names:
         manifest = read_manifest(run / name)
         if manifest is None:

@@ -70,15 +70,15 @@ def sliding_perplexity(
     nll_fn: Callable[[np.ndarray, int], np.ndarray], ids: Sequence[int], window: int, stride: int
 ) -> Perplexity:
     """Generic driver: `nll_fn(window_ids, n_targets)` returns the NLL of the last `n_targets` ids of the window."""
-    ids = np.asarray(ids, dtype=np.int64)
     if len(ids) < 2:
         raise ForgeError(f"perplexity needs at least 2 token ids, got {len(ids)}")
+    tokens = np.asarray(ids, dtype=np.int64)
     total = 0.0
     count = 0
     spans = windows(len(ids), window, stride)
     for begin, end, first in spans:
         n_targets = end - first
-        nll = np.asarray(nll_fn(ids[begin:end], n_targets), dtype=np.float64)
+        nll = np.asarray(nll_fn(tokens[begin:end], n_targets), dtype=np.float64)
         if nll.shape != (n_targets,):
             raise ForgeError(f"internal: nll_fn returned shape {nll.shape}, expected ({n_targets},)")
         total += float(nll.sum())

@@ -48,7 +48,10 @@ def session(cfg: DataConfig, workers: int) -> Iterator[int]:
     try:
         import ray
     except ImportError:
-        raise ForgeError("data.executor=ray needs Ray: pip install 'ray[data]', or set data.executor=local") from None
+        raise ForgeError(
+            "data.executor=ray needs Ray, an optional part of Forge: pip install 'forge-slm[ray]' (in a checkout: "
+            "pip install -e '.[ray]'), or set data.executor=local"
+        ) from None
     if ray.is_initialized():  # a caller (a notebook, a bench) already connected: use that, leave it running
         yield _configure(ray, cfg, workers)
         return
