@@ -81,14 +81,16 @@ VOLUME ["/app/runs"]
 ENTRYPOINT ["forge"]
 CMD ["--help"]
 COPY pyproject.toml /tmp/pyproject.toml
-# The dependencies alone first (their layer survives code changes), then the code without them. TORCH_SPEC is
+# The dependencies alone first (their layer survives code changes), then the code without them; the training image
+# carries the optional parts too (Ray Data for `forge data --executor ray`, lm-eval for benchmarks). TORCH_SPEC is
 # pinned (torch==2.13.0); hadolint cannot see through the variable.
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     echo "llama.cpp: ${LLAMA_CPP_VERSION} ${LLAMA_CMAKE_ARGS}" \
     && export PIP_FIND_LINKS="/wheels ${PIP_FIND_LINKS:-}" \
     && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} "${TORCH_SPEC}" \
-    && python3 -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']))" \
+    && python3 -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['ray'] + p['optional-dependencies']['benchmarks']))" \
         > /tmp/requirements.txt \
     && pip install "llama-cpp-python[server]==${LLAMA_CPP_VERSION}" -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt /tmp/pyproject.toml

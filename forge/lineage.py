@@ -37,7 +37,7 @@ log = logging.getLogger("forge")
 MANIFEST = "manifest.json"
 CONFIG_FILE = "config.yaml"
 TRACKED_LIBRARIES = (
-    "torch", "transformers", "tokenizers", "accelerate", "peft", "trl", "datasketch", "mlflow", "gguf",
+    "torch", "transformers", "tokenizers", "accelerate", "peft", "trl", "mlflow", "gguf",
     "llama_cpp_python", "gradio",
 )  # fmt: skip
 
