@@ -47,13 +47,10 @@ from forge.config import BUILTIN_CORPUS, ForgeConfig, SFTConfig
 from forge.io import atomic_path, atomic_write_json, atomic_write_text
 from forge.lineage import Stage, run_stage
 from forge.paths import run_dir
+from models import TOKENIZER_FILES
 
 log = logging.getLogger("forge.sft")
 
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-    "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
-)  # fmt: skip
 SAMPLE_QUESTIONS = 3  # held-out questions answered greedily after training, saved in samples.json
 SAMPLE_NEW_TOKENS = 64
 

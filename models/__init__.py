@@ -14,3 +14,10 @@
 
 Evaluation, quantization and serving all go through here; nothing else loads a model for inference.
 """
+
+# The files of a Hugging Face tokenizer (any of them may be absent): what is copied beside a model's weights and
+# what the registry carries, for Forge's own tokenizer and for a base model's (BPE vocab/merges, SentencePiece).
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+    "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+)  # fmt: skip

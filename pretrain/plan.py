@@ -55,7 +55,9 @@ from pretrain.model import count_parameters, parameter_breakdown, validate
 
 GB = 1e9
 TEXT_BYTES_PER_TOKEN = 4.0  # the seeds' rule of thumb for English text with a BPE tokenizer
-TOKENS_PER_PARAM = (20, 100)  # Chinchilla-optimal (Hoffmann et al. 2022) to the "train longer" regime
+# 20-100 training tokens per parameter: from compute-optimal (Chinchilla, Hoffmann et al. 2022) to the "train
+# longer" regime small models use; the plan and the tokenizer stage's check both judge a run against it
+TOKENS_PER_PARAM = (20, 100)
 HEADROOM = 0.92  # the share of device memory a plan may fill (allocator fragmentation, spikes)
 
 

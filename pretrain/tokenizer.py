@@ -41,6 +41,7 @@ from forge.config import ForgeConfig, TokenizerConfig
 from forge.hashing import sha256_file
 from forge.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from forge.lineage import Stage, require_completed, run_stage
+from pretrain.plan import TOKENS_PER_PARAM
 from pretrain.token_shards import SplitStats, iter_text_batches, load_split, write_shards
 
 log = logging.getLogger("forge.tokenizer")
@@ -49,7 +50,6 @@ SPLITS = ("train", "val", "test")
 SPECIAL_NAMES = ("pad", "unk", "bos", "eos")  # what the first four `tokenizer.special_tokens` are, in order
 CHAT_ROLES = ("system", "user", "assistant")  # what the three `tokenizer.chat_roles` are, in order
 N_BYTES = 256  # the byte-level alphabet: every byte has a token, so no text is ever unknown
-TOKENS_PER_PARAMETER = (20, 100)  # the seeds' rule: train on 20-100 tokens per model parameter
 TOP_TOKENS = 20  # how many of the most frequent val tokens the report lists
 FORBIDDEN_CHARS = "'\"\\"  # would break the Jinja string literals the chat template quotes tokens in
 
@@ -365,7 +365,7 @@ def training_budget(cfg: ForgeConfig, vocab_size: int, tokens_train: int) -> dic
     except ForgeError as exc:
         return {"note": f"parameter count unavailable: {exc}", "warning": str(exc)}
     ratio = tokens_train / params
-    low, high = TOKENS_PER_PARAMETER
+    low, high = TOKENS_PER_PARAM
     out: dict[str, Any] = {
         "parameters": params,
         "tokens_train": tokens_train,

@@ -50,6 +50,7 @@ from forge.config import ForgeConfig, TrainConfig
 from forge.io import atomic_path, atomic_write_json, atomic_write_text
 from forge.lineage import Stage, read_manifest, run_stage
 from forge.paths import run_dir
+from models import TOKENIZER_FILES
 from pretrain import checkpoint as ckpt
 from pretrain.hardware import flops_per_token, peak_flops
 from pretrain.loader import IGNORE, WindowLoader, eval_windows, iter_eval_batches
@@ -59,7 +60,6 @@ from pretrain.token_shards import load_split, read_meta
 
 log = logging.getLogger("forge.pretrain")
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 METRICS = "metrics.jsonl"
 CURVES = "loss_curves.png"
 

@@ -44,12 +44,12 @@ from forge.io import atomic_write_json, read_json_object, utc_now
 from forge.lineage import Stage, candidate_model, completed_manifest, git_commit, run_stage
 from forge.paths import run_dir, runs_root
 from forge.tracking import client_for, experiment_id, tracking_uri
+from models import TOKENIZER_FILES
 
 log = logging.getLogger("forge.registry")
 
 ALIAS = "production"
 CANDIDATE = "candidate"  # artifact path, in the register stage's run, of the files a version carries
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 MAX_TAG = 4900  # MLflow's model version tag values stop at 5000 characters
 EVENT_PREFIX = "forge.event."
 

@@ -16,8 +16,9 @@ def test_the_ray_executor_without_ray_names_the_extra(monkeypatch):
     from pretrain.data import ray_executor
 
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` sees when Ray is not installed
-    with pytest.raises(ForgeError, match=r"forge-slm\[ray\].*data.executor=local"), ray_executor.session(
-        load_config(None).data, workers=1
+    with (
+        pytest.raises(ForgeError, match=r"forge-slm\[ray\].*data.executor=local"),
+        ray_executor.session(load_config(None).data, workers=1),
     ):
         pass
 
