@@ -11,7 +11,7 @@ fsdp: see the last point):
   the way torch autocast (and so Accelerate) does it: the parameters stay fp32 and are the master copy (4), autocast
   keeps a bf16 copy of each weight from the forward to the backward (2), gradients are fp32 (4), AdamW m and v (8):
   18. The often quoted "optimizer state" of mixed-precision training (Rajbhandari et al., ZeRO) is master + m + v =
-  12 bytes per parameter; the whole state without activations is what the seeds' "2-3 GB for a 125M model" means.
+  12 bytes per parameter; the whole state without activations is what the usual "2-3 GB for a 125M model" means.
 * Activations per micro-batch of b sequences of s tokens, per layer: the per-layer estimate of Korthikanti et al.
   (2022), s*b*h*(34 + 5*a*s/h) bytes for 16-bit activations, re-derived for what Hugging Face's Llama and GPT-2 keep
   for the backward (counted with autograd saved-tensor hooks, see tests/test_plan.py):
@@ -54,7 +54,7 @@ from pretrain.hardware import flops_per_token as training_flops_per_token
 from pretrain.model import count_parameters, parameter_breakdown, validate
 
 GB = 1e9
-TEXT_BYTES_PER_TOKEN = 4.0  # the seeds' rule of thumb for English text with a BPE tokenizer
+TEXT_BYTES_PER_TOKEN = 4.0  # the usual rule of thumb for English text with a BPE tokenizer (~4 characters a token)
 # 20-100 training tokens per parameter: from compute-optimal (Chinchilla, Hoffmann et al. 2022) to the "train
 # longer" regime small models use; the plan and the tokenizer stage's check both judge a run against it
 TOKENS_PER_PARAM = (20, 100)

@@ -1,4 +1,4 @@
-"""Containers (issue 13): the Dockerfile is hadolint-clean and keeps its promises (targets, portable llama.cpp,
+"""Containers: the Dockerfile is hadolint-clean and keeps its promises (targets, portable llama.cpp,
 non-root users, healthchecks, no secrets), .dockerignore keeps local state out, compose.yaml parses and wires the
 platform; and, with FORGE_TEST_IMAGES=1 (`make test-images`), the images are really built and run:
 

@@ -1,4 +1,4 @@
-"""`forge plan`: the seeds' statements, the stage, the CLI, and the memory estimate checked against reality."""
+"""`forge plan`: the design's sizing rules, the stage, the CLI, and the memory estimate checked against reality."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from pretrain.plan import (
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
-# The 125M model of the seeds: configs/125m.yaml with the 14 layers issue 5 recommends (124.6M with a 32k vocab).
+# The 125M model: configs/125m.yaml with 14 layers (124.6M parameters with a 32k vocabulary).
 M125 = ["model.num_layers=14"]
 
 
@@ -38,7 +38,7 @@ def plan_for(name: str, *overrides: str, hardware: str | None = None) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the seeds' statements
+# the sizing rules the plan is built on (the usual figures for a 125M model)
 
 
 def test_125m_training_state_is_2_to_3_gb_under_mixed_precision():

@@ -1,4 +1,4 @@
-"""The team registry (issue 14; compose.yaml's `team` profile) without containers: the same server entrypoint
+"""The team registry (compose.yaml's `team` profile) without containers: the same server entrypoint
 (docker/mlflow-server.sh) with docker/team.env's settings, on a real PostgreSQL server (Debian's postgresql, a
 throwaway cluster) and a real S3-compatible endpoint (moto's server). A candidate is registered, promoted and
 resolved through the tracking server alone: its rows must land in Postgres, its files in the bucket, and what
