@@ -214,7 +214,7 @@ def test_stage_reports_fidelity_and_cost(isolated_runs, tmp_path):
 
 @pytest.mark.slow
 def test_125m_q4_k_m_is_under_100_mb(tmp_path):
-    """A 125M model in Q4_K_M fits in 100 MB, checked on a random-init model built from configs/125m.yaml (whatever architecture it names)."""
+    """A 125M model in Q4_K_M fits in 100 MB: a random-init model built from configs/125m.yaml (any architecture)."""
     import torch
 
     from pretrain.model import build_model
