@@ -9,7 +9,6 @@ nothing is downloaded (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -20,7 +19,7 @@ import yaml
 
 from forge import ForgeError
 from forge.config import EvalConfig
-from forge.io import atomic_write_json, atomic_write_text
+from forge.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
 
 log = logging.getLogger("forge.eval")
 
@@ -33,7 +32,7 @@ def prepare_task_dir(out_dir: Path, mc_items: list[dict[str, Any]]) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     data = out_dir / f"{DOMAIN_TASK}.jsonl"
     rows = [{"question": i["question"], "choices": i["choices"], "gold": i["gold"]} for i in mc_items]
-    atomic_write_text(data, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_jsonl(data, rows)
     spec = yaml.safe_load((TASK_DIR / f"{DOMAIN_TASK}.yaml").read_text(encoding="utf-8"))
     spec["dataset_kwargs"]["data_files"] = {"test": str(data.resolve())}
     atomic_write_text(out_dir / f"{DOMAIN_TASK}.yaml", yaml.safe_dump(spec, sort_keys=False))

@@ -34,7 +34,7 @@ from evaluation.report import write_report
 from forge import ForgeError
 from forge.config import BUILTIN_CORPUS, ForgeConfig
 from forge.hashing import sha256_tree
-from forge.io import atomic_write_text, remove_path
+from forge.io import atomic_write_jsonl, atomic_write_text, remove_path
 from forge.lineage import Stage, candidate_model, completed_manifest, read_manifest, run_stage
 from forge.paths import run_dir
 from models.access import Backend, HFBackend, is_chat_model, open_model
@@ -220,7 +220,7 @@ def evaluate(
         raise ForgeError(f"the test split in {shards} is empty: nothing to measure perplexity on; check forge data")
     ids = np.asarray(test_tokens[: ecfg.max_test_tokens], dtype=np.int64)
     records = load_qa(cfg, qa_source)
-    _write_jsonl(stage.dir / "qa_eval.jsonl", records)
+    atomic_write_jsonl(stage.dir / "qa_eval.jsonl", records)
 
     backend = open_model(model)
     try:
@@ -285,9 +285,9 @@ def evaluate(
         for task, threshold in ecfg.min_benchmark.items():
             flags.append(red_flags.benchmark_flag(task, bench_results, threshold))
 
-    _write_jsonl(stage.dir / "qa_predictions.jsonl", result["qa_predictions"])
-    _write_jsonl(stage.dir / "mc_items.jsonl", result["mc_items"])
-    _write_jsonl(stage.dir / "mc_predictions.jsonl", result["mc_predictions"])
+    atomic_write_jsonl(stage.dir / "qa_predictions.jsonl", result["qa_predictions"])
+    atomic_write_jsonl(stage.dir / "mc_items.jsonl", result["mc_items"])
+    atomic_write_jsonl(stage.dir / "mc_predictions.jsonl", result["mc_predictions"])
     atomic_write_text(stage.dir / "samples.json", json.dumps(result["samples"], indent=2, ensure_ascii=False) + "\n")
     report = write_report(
         stage.dir, target=str(model), artifact_kind="gguf" if model.suffix == ".gguf" else "hf",
@@ -370,10 +370,6 @@ def log_to_producer(stage: Stage, producer: Path | None, report: dict[str, Any])
             client.log_batch(run_id, metrics=batch)
     except Exception as exc:  # noqa: BLE001 - the producing run may have been deleted; the eval itself stands
         log.warning("eval: could not log to the producing MLflow run %s: %s", run_id, exc)
-
-
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -31,7 +31,6 @@ the merged model differs from the trained quantized-base + adapter by the base's
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
@@ -44,7 +43,7 @@ from typing import Any
 from finetune.sft_data import Example, data_input, guidance, read_jsonl, split_held_out, to_messages
 from forge import ForgeError
 from forge.config import BUILTIN_CORPUS, ForgeConfig, SFTConfig
-from forge.io import atomic_path, atomic_write_json, atomic_write_text
+from forge.io import atomic_path, atomic_write_json, atomic_write_jsonl
 from forge.lineage import Stage, run_stage
 from forge.paths import run_dir
 from models import TOKENIZER_FILES
@@ -208,10 +207,6 @@ def _from_file(cfg: ForgeConfig, tokenizer: Any) -> tuple[list[Example], list[di
         held_out.append({"question": question, "answer": e.messages[-1]["content"], "line": e.line, **e.meta,
                          "messages": e.messages[:-1]})  # fmt: skip
     return train, held_out, report.to_dict()
-
-
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -414,8 +409,8 @@ def _sft(stage: Stage) -> dict[str, float]:
     if not train:
         raise ForgeError(f"sft: no training example left from {s.data} (see {stage.dir / 'data_report.json'})")
     atomic_write_json(stage.dir / "data_report.json", report)
-    _write_jsonl(stage.dir / "qa_eval.jsonl", held_out)
-    _write_jsonl(stage.dir / "sft_train.jsonl", [{"messages": e.messages, **e.meta} for e in train])
+    atomic_write_jsonl(stage.dir / "qa_eval.jsonl", held_out)
+    atomic_write_jsonl(stage.dir / "sft_train.jsonl", [{"messages": e.messages, **e.meta} for e in train])
 
     # ---- model and trainer
     model, peft_config = load_model(base, s)
@@ -429,7 +424,7 @@ def _sft(stage: Stage) -> dict[str, float]:
         result = trainer.train()
         # ---- export
         export(trainer, base, stage.dir, s.mode)
-    _write_jsonl(stage.dir / "train_history.jsonl", logger.history)
+    atomic_write_jsonl(stage.dir / "train_history.jsonl", logger.history)
     samples = sample_answers(stage.dir / "model", held_out)
     atomic_write_json(stage.dir / "samples.json", samples)
 

@@ -10,7 +10,7 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,11 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def atomic_write_jsonl(path: Path, rows: Iterable[Any]) -> None:
+    """One JSON value per line (UTF-8 kept readable), the format of every .jsonl Forge writes."""
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
 
 
 def remove_path(path: Path) -> None:

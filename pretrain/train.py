@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from forge import ForgeError, render
 from forge.config import ForgeConfig, TrainConfig
-from forge.io import atomic_path, atomic_write_json, atomic_write_text
+from forge.io import atomic_path, atomic_write_json, atomic_write_jsonl
 from forge.lineage import Stage, read_manifest, run_stage
 from forge.paths import run_dir
 from models import TOKENIZER_FILES
@@ -235,7 +235,7 @@ def train(stage: Stage, accelerator, key: dict[str, Any], resume: bool) -> dict[
         if main:
             ckpt.clean_partial(ckpt_root)
             records = [r for r in read_records(stage.dir / METRICS) if r["step"] <= step]
-            atomic_write_text(stage.dir / METRICS, "".join(json.dumps(r) + "\n" for r in records))
+            atomic_write_jsonl(stage.dir / METRICS, records)
         log.info("pretrain: resumed from %s (step %d of %d, %s tokens seen)", path, step, tcfg.max_steps, tokens_seen)
     elif main:
         for old in (ckpt_root, stage.dir / "model", stage.dir / METRICS, stage.dir / CURVES):
