@@ -58,6 +58,7 @@ RUN if grep -qxF "cmake_args=${LLAMA_CMAKE_ARGS}" /wheels/BUILD-INFO 2>/dev/null
 FROM base AS src
 COPY pyproject.toml README.md /src/
 COPY forge /src/forge
+COPY models /src/models
 COPY pretrain /src/pretrain
 COPY finetune /src/finetune
 COPY evaluation /src/evaluation

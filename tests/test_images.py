@@ -84,6 +84,15 @@ def test_dockerfile_targets_base_and_portable_llama_cpp():
         assert not any("build-essential" in line for line in found[target]), target
 
 
+def test_the_source_stage_copies_every_package_the_project_installs():
+    import tomllib
+
+    packages = {p.split(".")[0] for p in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]}  # fmt: skip
+    copied = {line.split()[1] for line in stages(DOCKERFILE.read_text())["src"] if line.startswith("COPY ")}
+    assert {p for p in packages if (ROOT / p).is_dir()} - copied == set()
+
+
 def test_dockerfile_images_run_as_non_root_with_healthchecks_and_no_secrets():
     found = stages(DOCKERFILE.read_text())
     for target in TARGETS:
