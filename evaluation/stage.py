@@ -6,9 +6,9 @@
     forge eval --config configs/tiny-cpu.yaml --target pretrain --benchmarks forge_qa_mc,arc_easy
 
 Reads the model (an HF directory or a GGUF file), the run's token shards (runs/<run>/tokenizer/shards: test for
-perplexity and memorisation, train for memorisation and the unigram baseline) and the held-out Q&A: the SFT
-stage's qa_eval.jsonl when it exists, else the same held-out split rebuilt from `sft.data` (so eval-pretrain
-measures the pairs eval-sft will). Writes into runs/<run>/eval-<target>/ (a path target: eval-<name>-<hash>/):
+perplexity and memorisation, train for memorisation and the unigram baseline) and the held-out Q&A of the qa stage
+(runs/<run>/qa/qa_eval.jsonl, never trained on; eval-pretrain and eval-sft measure the same pairs).
+Writes into runs/<run>/eval-<target>/ (a path target: eval-<name>-<hash>/):
   eval.json            one entry per metric and per red flag, each with the artifact's sha256 (evaluation/report.py)
   report.md, report.html, plots/*.png
   qa_eval.jsonl        the held-out Q&A used; qa_predictions.jsonl, mc_items.jsonl, mc_predictions.jsonl
@@ -32,7 +32,7 @@ import numpy as np
 from evaluation import red_flags, tasks
 from evaluation.report import write_report
 from forge import ForgeError
-from forge.config import BUILTIN_CORPUS, ForgeConfig
+from forge.config import ForgeConfig
 from forge.hashing import sha256_tree
 from forge.io import atomic_write_jsonl, atomic_write_text, remove_path
 from forge.lineage import Stage, candidate_model, completed_manifest, read_manifest, run_stage
@@ -90,36 +90,18 @@ def shards_dir(cfg: ForgeConfig) -> Path:
     return shards
 
 
-def qa_input(cfg: ForgeConfig) -> Path | str:
-    """The held-out Q&A: the SFT stage's file when it completed, else the definition of the split to rebuild."""
-    sft_dir = run_dir(cfg) / "sft"
-    if completed_manifest(sft_dir) and (sft_dir / "qa_eval.jsonl").is_file():
-        return sft_dir / "qa_eval.jsonl"
-    from finetune.sft_data import data_input
+def qa_input(cfg: ForgeConfig) -> Path:
+    """The held-out Q&A: the qa stage's qa_eval.jsonl, once it is known to be of the run's domain."""
+    from pretrain.qa.stage import qa_set
 
-    return data_input(cfg)
+    return qa_set(cfg).held_out
 
 
-def load_qa(cfg: ForgeConfig, source: Path | str) -> list[dict[str, Any]]:
-    if isinstance(source, Path) and source.name == "qa_eval.jsonl":
-        return [json.loads(line) for line in source.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if isinstance(source, Path):  # the user's SFT file: the same held-out split the SFT stage makes
-        from finetune.sft_data import read_jsonl, split_held_out
+def load_qa(cfg: ForgeConfig, source: Path) -> list[dict[str, Any]]:
+    """The held-out records, each with the prompt the model is asked in (the system prompt SFT trained with)."""
+    from pretrain.qa.records import read_held_out
 
-        examples, _ = read_jsonl(source, cfg.sft.system_prompt)
-        _, held = split_held_out(examples, cfg.sft.eval_fraction, cfg.data.dedup, cfg.seed)
-        out = []
-        for e in held:
-            question = next(m["content"] for m in reversed(e.messages) if m["role"] == "user")
-            out.append({"question": question, "answer": e.messages[-1]["content"], "messages": e.messages[:-1]})
-        return out
-    from finetune.qa_builtin import build_split
-    from finetune.sft_data import to_messages
-
-    pretrain = cfg.data.split if BUILTIN_CORPUS in cfg.data.inputs else None
-    _, pairs, _ = build_split(cfg.sft.eval_fraction, pretrain, cfg.data.dedup, cfg.seed)
-    keys = ("question", "answer", "object", "kind", "qtype", "pretrain_split")
-    return [{**{k: p[k] for k in keys}, "messages": to_messages(p, cfg.sft.system_prompt)[:-1]} for p in pairs]
+    return read_held_out(source, cfg.sft.system_prompt)
 
 
 def resolve_reference(cfg: ForgeConfig, target: str, model: Path) -> Path | None:
@@ -166,6 +148,9 @@ def run(
     cfg: ForgeConfig, force: bool = False, target: str = "sft", benchmarks: list[str] | None = None
 ) -> dict[str, Any]:
     """Evaluate the target model; write eval.json and the report into the eval stage directory."""
+    from pretrain.qa.stage import refuse_wrong_domain, source_kind
+
+    refuse_wrong_domain(cfg, source_kind(cfg)[0])  # first: Q&A of the wrong domain is refused outright
     model, name, producer = resolve_target(cfg, target)
     shards = shards_dir(cfg)
     qa_source = qa_input(cfg)
@@ -199,7 +184,7 @@ def evaluate(
     stage: Stage,
     model: Path,
     shards: Path,
-    qa_source: Path | str,
+    qa_source: Path,
     reference: Path | None,
     history: Path | None,
     benchmarks: list[str],

@@ -1,17 +1,16 @@
 """`forge sft`: supervised fine-tuning of the pretrained model on domain Q&A with TRL (full, LoRA or QLoRA).
 
     forge sft --config configs/tiny-cpu.yaml
-    forge sft --config configs/tiny-cpu.yaml --set sft.mode=qlora --set sft.data=my_pairs.jsonl
+    forge sft --config configs/tiny-cpu.yaml --set sft.mode=qlora
 
 Reads the base model (`sft.base_model`, default runs/<run>/pretrain/model/: an HF directory with its tokenizer and
-chat template) and the data (`sft.data`: a JSONL file, see finetune/sft_data.py, or the builtin stdlib Q&A, see
-finetune/qa_builtin.py). Writes into runs/<run>/sft/:
+chat template) and the run's Q&A set: runs/<run>/qa/qa_train.jsonl, built by `forge qa` (pretrain/qa/; a user's own
+pairs are given there, as `qa.source`), read line by line by finetune/sft_data.py. Writes into runs/<run>/sft/:
   model/            the fine-tuned model, LoRA merged in: an HF directory with the base's tokenizer files and chat
                     template copied byte for byte, ready for `forge eval`, `forge quantize` and serving
   adapter/          the LoRA adapter (lora, qlora)
-  qa_eval.jsonl     the held-out Q&A, never trained on, for `forge eval` ({"question", "answer", "messages", ...})
   sft_train.jsonl   the conversations trained on
-  data_report.json  lines read, lines skipped with their line numbers and reasons, near-duplicates removed, count
+  data_report.json  lines read, lines skipped with their line numbers and reasons (over-length included), count
                     against the 10k-100k guidance
   train_history.jsonl, samples.json   per-step logs; greedy answers to a few held-out questions
 
@@ -40,13 +39,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from finetune.sft_data import Example, data_input, guidance, read_jsonl, split_held_out, to_messages
+from finetune.sft_data import Example, guidance, read_jsonl
 from forge import ForgeError
-from forge.config import BUILTIN_CORPUS, ForgeConfig, SFTConfig
+from forge.config import ForgeConfig, SFTConfig
 from forge.io import atomic_path, atomic_write_json, atomic_write_jsonl
 from forge.lineage import Stage, run_stage
 from forge.paths import run_dir
 from models import TOKENIZER_FILES
+from pretrain.qa import records
+from pretrain.qa.stage import QASet, qa_set, refuse_wrong_domain, source_kind
 
 log = logging.getLogger("forge.sft")
 
@@ -83,9 +84,13 @@ def base_model_dir(cfg: ForgeConfig) -> Path:
 
 
 def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
-    """Fine-tune the base model on the Q&A data; export the merged model, adapter and held-out Q&A."""
-    stage = Stage(name="sft", cfg=cfg, sections=("sft",), inputs={"base": base_model_dir(cfg), "data": data_input(cfg)})
-    return run_stage(stage, _sft, force=force)
+    """Fine-tune the base model on the run's Q&A set; export the merged model and the adapter."""
+    refuse_wrong_domain(cfg, source_kind(cfg)[0])  # first: a Q&A set of the wrong domain is refused outright
+    base = base_model_dir(cfg)
+    qa = qa_set(cfg)
+    inputs = {"base": base, "data": qa.train, "held_out": qa.held_out}
+    stage = Stage(name="sft", cfg=cfg, sections=("sft",), inputs=inputs)
+    return run_stage(stage, lambda s: _sft(s, qa), force=force)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -148,65 +153,21 @@ def rendered_lengths(tokenizer: Any, conversations: list[list[dict[str, str]]]) 
 # data: train examples and the held-out Q&A
 
 
-def load_data(cfg: ForgeConfig, tokenizer: Any) -> tuple[list[Example], list[dict[str, Any]], dict[str, Any]]:
-    """(training examples, held-out Q&A records for forge eval, data report)."""
+def load_data(cfg: ForgeConfig, tokenizer: Any, qa: QASet) -> tuple[list[Example], list[dict[str, Any]], dict]:
+    """(training examples, held-out Q&A records with their prompt, data report)."""
     s = cfg.sft
-    if s.data == BUILTIN_CORPUS:
-        train, held_out, report = _builtin(cfg, tokenizer)
-    else:
-        train, held_out, report = _from_file(cfg, tokenizer)
+    train, report = read_jsonl(
+        qa.train, s.system_prompt, lambda m: rendered_lengths(tokenizer, [m])[0], s.max_seq_length
+    )
+    result = report.to_dict()
     if s.max_examples is not None and len(train) > s.max_examples:
         keep = sorted(random.Random(cfg.seed).sample(range(len(train)), s.max_examples))
         train = [train[i] for i in keep]
-        report["capped_to"] = s.max_examples
-    report["train_examples"] = len(train)
-    report["eval_examples"] = len(held_out)
-    report["guidance"] = guidance(len(train))
-    if len(train) < 10_000:
-        log.warning("sft: %s", report["guidance"])
-    else:
-        log.info("sft: %s", report["guidance"])
-    return train, held_out, report
-
-
-def _builtin(cfg: ForgeConfig, tokenizer: Any) -> tuple[list[Example], list[dict[str, Any]], dict[str, Any]]:
-    from finetune.qa_builtin import build_split
-
-    pretrain = cfg.data.split if BUILTIN_CORPUS in cfg.data.inputs else None
-    train_pairs, eval_pairs, report = build_split(cfg.sft.eval_fraction, pretrain, cfg.data.dedup, cfg.seed)
-    conversations = [to_messages(p, cfg.sft.system_prompt) for p in train_pairs]
-    lengths = rendered_lengths(tokenizer, conversations)
-    train, skipped = [], []
-    for pair, messages, n in zip(train_pairs, conversations, lengths, strict=True):
-        if n > cfg.sft.max_seq_length:
-            skipped.append({"object": pair["object"], "qtype": pair["qtype"], "reason": f"over-length: {n} tokens"})
-            continue
-        meta = {k: pair[k] for k in ("object", "kind", "qtype", "pretrain_split")}
-        train.append(Example(messages, None, meta))
-    report["skipped"] = len(skipped)  # every one over-length: generated pairs have no other problem
-    report["skipped_pairs"] = skipped
-    held_out = []
-    for pair in eval_pairs:
-        messages = to_messages(pair, cfg.sft.system_prompt)
-        held_out.append({**{k: pair[k] for k in ("question", "answer", "object", "kind", "qtype", "pretrain_split")},
-                         "messages": messages[:-1]})  # fmt: skip
-    return train, held_out, report
-
-
-def _from_file(cfg: ForgeConfig, tokenizer: Any) -> tuple[list[Example], list[dict[str, Any]], dict[str, Any]]:
-    s = cfg.sft
-    examples, report = read_jsonl(
-        Path(s.data), s.system_prompt, lambda m: rendered_lengths(tokenizer, [m])[0], s.max_seq_length
-    )
-    train, held = split_held_out(examples, s.eval_fraction, cfg.data.dedup, cfg.seed)
-    report.near_duplicates_removed = len(examples) - len(train) - len(held)
-    report.examples = len(train) + len(held)
-    held_out = []
-    for e in held:
-        question = next(m["content"] for m in reversed(e.messages) if m["role"] == "user")
-        held_out.append({"question": question, "answer": e.messages[-1]["content"], "line": e.line, **e.meta,
-                         "messages": e.messages[:-1]})  # fmt: skip
-    return train, held_out, report.to_dict()
+        result["capped_to"] = s.max_examples
+    held_out = records.read_held_out(qa.held_out, s.system_prompt)
+    result.update(qa_set=qa.kind, train_examples=len(train), eval_examples=len(held_out), guidance=guidance(len(train)))
+    (log.warning if len(train) < 10_000 else log.info)("sft: %s", result["guidance"])
+    return train, held_out, result
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -398,18 +359,15 @@ def sample_answers(model_dir: Path, held_out: list[dict[str, Any]], n: int = SAM
 # the stage body
 
 
-def _sft(stage: Stage) -> dict[str, float]:
+def _sft(stage: Stage, qa: QASet) -> dict[str, float]:
     cfg, s = stage.cfg, stage.cfg.sft
     base = base_model_dir(cfg)
     start = time.time()
 
     # ---- tokenizer, data
     tokenizer = load_tokenizer(base)
-    train, held_out, report = load_data(cfg, tokenizer)
-    if not train:
-        raise ForgeError(f"sft: no training example left from {s.data} (see {stage.dir / 'data_report.json'})")
+    train, held_out, report = load_data(cfg, tokenizer, qa)
     atomic_write_json(stage.dir / "data_report.json", report)
-    atomic_write_jsonl(stage.dir / "qa_eval.jsonl", held_out)
     atomic_write_jsonl(stage.dir / "sft_train.jsonl", [{"messages": e.messages, **e.meta} for e in train])
 
     # ---- model and trainer
@@ -433,7 +391,6 @@ def _sft(stage: Stage) -> dict[str, float]:
         "train_examples": len(train),
         "eval_examples": len(held_out),
         "skipped": report["skipped"],
-        "near_duplicates_removed": report.get("near_duplicates_removed", 0),
         "steps": result.global_step,
         "train_loss": result.training_loss,
         "first_loss": losses[0] if losses else float("nan"),

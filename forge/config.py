@@ -243,15 +243,44 @@ class TrainConfig(Section):
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# the domain Q&A set
+
+
+class QAConfig(Section):
+    """`forge qa`: the Q&A pairs SFT trains on and evaluation scores (see pretrain/qa/)."""
+
+    source: str = Field(
+        "auto",
+        description="Where the pairs come from. corpus: extracted from the structure of the data stage's documents "
+        "(headings, definition lists, option tables, synopses), held-out pairs from val/test documents only. "
+        f"builtin: the embedded corpus's own set (only with data.inputs=[{BUILTIN_CORPUS}]). A PATH: your JSONL of "
+        "{question, answer} or {messages} lines, which always wins. auto: builtin for the embedded corpus, else "
+        "corpus.",
+    )
+    # Objects (builtin) or questions (a JSONL file) held out for `forge eval`, by a stable hash; the builtin set also
+    # holds out every object whose docstring the data stage put in val or test. Corpus pairs are held out exactly
+    # when their document is in val or test, whatever this is.
+    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    teacher: str | None = Field(
+        None,
+        description="A local model (a .gguf file or an HF model directory on disk; nothing is downloaded) that writes "
+        "extra pairs from passages of the train documents, each checked like an extracted one. None: no teacher.",
+    )
+    teacher_passages: int = Field(200, ge=1)  # passages the teacher writes a pair for (it is the slow part)
+
+    @model_validator(mode="after")
+    def _known_source(self) -> QAConfig:
+        if self.source in ("", "none"):
+            raise ValueError(f"qa.source={self.source!r}: use auto, corpus, builtin or the path of a JSONL file")
+        return self
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # supervised fine-tuning
 
 
 class SFTConfig(Section):
-    data: str = BUILTIN_CORPUS  # JSONL of {question, answer} or {messages}; builtin: Q&A from stdlib docs
     base_model: str | None = None  # an HF model directory; None: this run's runs/<run>/pretrain/model
-    # Objects (builtin) or questions (a JSONL file) held out for `forge eval`, by a stable hash; the builtin set
-    # also holds out every object whose docstring the data stage put in val or test.
-    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     max_examples: int | None = Field(None, ge=1)  # cap the training examples (a seeded sample); None: all
     mode: Literal["full", "lora", "qlora"] = "lora"  # qlora: 4-bit NF4 base (bitsandbytes) + LoRA, the memory saver
     lora_r: int = Field(16, ge=1)
@@ -269,6 +298,19 @@ class SFTConfig(Section):
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on GPUs that have it, else fp32
     gradient_checkpointing: bool = False  # saves activation memory on big models at ~30% more compute
     log_every: int = Field(10, ge=1)  # steps between loss logs (MLflow)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_moved(cls, data: Any) -> Any:
+        # The Q&A set became a stage of its own (`forge qa`), which SFT and eval both read.
+        moved = {"data": "qa.source", "eval_fraction": "qa.eval_fraction"}
+        for old, new in moved.items():
+            if isinstance(data, dict) and old in data:
+                raise ValueError(
+                    f"sft.{old}={data[old]!r}: the setting moved to {new} (forge qa builds the Q&A set that sft and "
+                    f"eval read); use --set {new}=... instead"
+                )
+        return data
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -387,6 +429,7 @@ class ForgeConfig(Section):
     seed: int = 1337
     plan: PlanConfig = PlanConfig()
     data: DataConfig = DataConfig()
+    qa: QAConfig = QAConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()

@@ -63,6 +63,7 @@ def collect(cfg: ForgeConfig, outcome: dict[str, Any]) -> dict[str, Any]:
         "metrics": {n: m.get("metrics", {}) for n, m in manifests.items()},
         "eval": {t: {m["name"]: m for m in e.get("metrics", [])} for t, e in evals.items()},
         "flags": {t: {f["name"]: f for f in e.get("flags", [])} for t, e in evals.items()},
+        "qa": read_json_object(stage_file(run, "qa", "report")) or {},
         "quantize": (read_json_object(stage_file(run, "quantize", "report")) or {}).get("artifacts", {}),
         "gate": read_json_object(stage_file(run, "promote", "decision")),
         "version": read_json_object(stage_file(run, "register", "version")),
@@ -103,6 +104,7 @@ def tables(card: dict[str, Any]) -> list[render.Table]:
     corpus = [["raw documents", fmt(data.get("raw_docs"))], ["kept documents", fmt(data.get("kept_docs"))],
               ["removed characters", f"{fmt(data.get('removed_pct_chars'))} %"],
               *[[f"removed by {name}", fmt(n)] for name, n in removed if n]]  # fmt: skip
+    qa_tables = qa_section(card["qa"])
     tok = m["tokenizer"]
     tokenizer = [
         [k, fmt(tok.get(k))]
@@ -151,6 +153,7 @@ def tables(card: dict[str, Any]) -> list[render.Table]:
     return [
         ("Summary", ["", ""], summary),
         ("Corpus (forge data)", ["", ""], corpus),
+        *qa_tables,
         ("Tokenizer", ["", ""], tokenizer),
         ("Model, token budget and pretraining", ["", ""], model),
         ("Evaluation before and after SFT", ["metric", "pretrained", "fine-tuned", "random init", "chance"], evals),
@@ -159,6 +162,23 @@ def tables(card: dict[str, Any]) -> list[render.Table]:
         ("Gate", ["check", "result", "value", "limit", "detail"], gate_rows),
         ("Lineage", ["stage", "status", "config sha256", "input sha256", "git commit", "seconds"], lineage),
     ]
+
+
+def qa_section(qa: dict[str, Any]) -> list[render.Table]:
+    """The domain Q&A set: where it came from, pairs by kind (train / held-out) and the stage's samples of each."""
+    if not qa:
+        return [("Domain Q&A (forge qa)", ["", ""], [["Q&A set", "not built"]])]
+    src = qa.get("source") or {}
+    rate = qa.get("pairs_per_1k_train_words")
+    head = [["source", f"{src.get('kind')} (qa.source={src.get('setting')})"],
+            ["train pairs (SFT)", fmt(qa.get("train_pairs"))], ["held-out pairs (eval)", fmt(qa.get("eval_pairs"))],
+            ["train pairs per 1,000 train words", fmt(rate)]]  # fmt: skip
+    head += [[f"pairs: {kind}", f"{v['train']} train, {v['held_out']} held-out"]
+             for kind, v in (qa.get("by_qtype") or {}).items()]  # fmt: skip
+    samples = [[kind, s["question"], " ".join(s["answer"].split())[:240]]
+               for kind, rows in (qa.get("samples") or {}).items() for s in rows]  # fmt: skip
+    return [("Domain Q&A (forge qa)", ["", ""], head), ("Q&A samples, 10 of each kind", ["kind", "question", "answer"],
+                                                        samples)]  # fmt: skip
 
 
 def _flag(flag: dict[str, Any] | None) -> str:

@@ -24,6 +24,7 @@ import pytest
 
 from evaluation import red_flags, tasks
 from forge.config import EvalConfig, ForgeConfig, ModelConfig, TokenizerConfig
+from pretrain.qa import stage as qa_stage
 
 REPO = Path(__file__).resolve().parent.parent
 FORGE = str(Path(sys.executable).with_name("forge"))
@@ -190,7 +191,9 @@ def small_cfg(run: str, tmp_path: Path, **eval_overrides) -> ForgeConfig:
         memorisation_docs=5, memorisation_prefix=16, memorisation_suffix=16, random_baseline=False,
     )  # fmt: skip
     fields.update(eval_overrides)
-    return ForgeConfig(run_name=run, sft={"data": str(qa), "eval_fraction": 0.6}, eval=EvalConfig(**fields))
+    cfg = ForgeConfig(run_name=run, qa={"source": str(qa), "eval_fraction": 0.6}, eval=EvalConfig(**fields))
+    qa_stage.run(cfg)  # the held-out Q&A eval reads: a user's file, split by the qa stage
+    return cfg
 
 
 def use_runs(world, isolated_runs: Path) -> None:
@@ -478,6 +481,7 @@ def test_bad_input_is_a_one_line_error(world, isolated_runs, tmp_path):
     (not_model / "notes.txt").write_text("hello")
     bad_gguf = tmp_path / "broken.gguf"
     bad_gguf.write_bytes(b"GGUF" + b"\x00" * 40)
+    small_cfg("main", tmp_path)  # the qa stage of the run
     empty = isolated_runs / "empty"
     shutil.copytree(isolated_runs / "main", empty)
     meta = json.loads((empty / "tokenizer" / "shards" / "meta.json").read_text())
@@ -485,7 +489,7 @@ def test_bad_input_is_a_one_line_error(world, isolated_runs, tmp_path):
     (empty / "tokenizer" / "shards" / "meta.json").write_text(json.dumps(meta))
 
     env = {**os.environ, "FORGE_RUNS_DIR": str(isolated_runs)}
-    common = ["--set", f"sft.data={tmp_path / 'qa.jsonl'}"]
+    common = ["--set", f"qa.source={tmp_path / 'qa.jsonl'}", "--set", "qa.eval_fraction=0.6"]
     cases = [
         (["--run", "main", "--target", str(not_model)], "not a model directory"),
         (["--run", "main", "--target", str(bad_gguf)], "broken.gguf"),

@@ -81,7 +81,9 @@ def test_every_stage_is_complete_and_the_report_card_covers_the_run(finished):
     assert card["metrics"]["pretrain"]["final_val_loss"] < card["metrics"]["pretrain"]["initial_val_loss"]
     assert {"pretrain", "sft"} <= card["eval"].keys() and card["eval"]["sft"]["qa_f1"]["value"] is not None
     text = (run / "report.md").read_text()
-    for heading in ("Corpus", "Tokenizer", "pretraining", "before and after SFT", "Red flags", "Quantization",
+    assert card["qa"]["source"]["kind"] == "builtin" and card["qa"]["eval_pairs"] > 0
+    assert "## Q&A samples, 10 of each kind" in (run / "report.md").read_text()
+    for heading in ("Corpus", "Domain Q&A", "Tokenizer", "pretraining", "before and after SFT", "Red flags", "Quantization",
                     "Gate", "Lineage"):  # fmt: skip
         assert f"## {heading}" in text or heading in text, heading
     assert manifest(runs, "pretrain")["config_hash"][:12] in text, "lineage hashes are on the card"

@@ -7,9 +7,9 @@ import itertools
 
 import pytest
 
-from finetune.qa_builtin import build_split, generate_pairs, held_out, summary_and_details
 from forge.config import ForgeConfig
 from pretrain.data.pipeline import split_of
+from pretrain.qa.builtin import build_split, generate_pairs, held_out, summary_and_details
 
 
 def record(name: str, kind: str, text: str) -> dict:
@@ -58,17 +58,24 @@ def test_answers_come_from_the_docstring_prose():
 
 
 def test_split_is_by_object_and_follows_the_data_stage():
-    ratios = {"train": 0.5, "val": 0.25, "test": 0.25}
     pair = {"object": "shapes.Circle", "doc_id": "python-stdlib:shapes.Circle"}
-    pair["pretrain_split"] = split_of(pair["doc_id"], ratios)
-    assert held_out(pair, 0.0, ratios) == (pair["pretrain_split"] != "train")
-    assert held_out(pair, 0.999999, None) and not held_out(pair, 0.0, None)
+    for split, expected in (("train", False), ("val", True), ("test", True), ("absent", True)):
+        assert held_out({**pair, "pretrain_split": split}, 0.0) is expected
+    assert held_out({**pair, "pretrain_split": None}, 0.999999) and not held_out({**pair, "pretrain_split": None}, 0.0)
+    # the split is the data stage's, whatever it was sized by: a document it put in val is held out
+    splits = {r["id"]: "train" for r in RECORDS} | {"python-stdlib:shapes.Circle": "val"}
+    train, held, _ = build_split(0.0, splits, ForgeConfig().data.dedup, 0, RECORDS)
+    assert {p["object"] for p in held} == {"shapes.Circle"} and {p["pretrain_split"] for p in held} == {"val"}
+    assert "shapes.Circle" not in {p["object"] for p in train} and train
 
 
 @pytest.fixture(scope="module")
 def builtin():
+    from pretrain.data.stdlib_corpus import iter_stdlib_records
+
     cfg = ForgeConfig()
-    return cfg, *build_split(0.05, cfg.data.split, cfg.data.dedup, cfg.seed)
+    splits = {r["id"]: split_of(r["id"], cfg.data.split) for r in iter_stdlib_records()}
+    return cfg, *build_split(0.05, splits, cfg.data.dedup, cfg.seed)
 
 
 def test_builtin_set_is_disjoint_by_object_and_decontaminated(builtin):

@@ -16,7 +16,8 @@ import torch
 from finetune import sft
 from finetune.sft_data import Example
 from forge import ForgeError
-from forge.config import ForgeConfig, ModelConfig, TokenizerConfig
+from forge.config import ForgeConfig, ModelConfig, TokenizerConfig, load_config
+from pretrain.qa import stage as qa_stage
 
 CONVERSATION = [
     {"role": "system", "content": "You answer questions about Python."},
@@ -45,10 +46,10 @@ def tiny_base(tmp_path_factory) -> Path:
     return out
 
 
-def _cfg(base: Path, **sft_fields) -> ForgeConfig:
+def _cfg(base: Path, qa: dict | None = None, **sft_fields) -> ForgeConfig:
     fields = {"base_model": str(base), "micro_batch_size": 4, "max_seq_length": 128, "lr": 1e-2, "max_steps": 3,
               "warmup_ratio": 0.0, "log_every": 1, **sft_fields}  # fmt: skip
-    return ForgeConfig(run_name="t", sft=fields)
+    return ForgeConfig(run_name="t", sft=fields, qa=qa or {})
 
 
 def _examples(n: int = 8) -> list[Example]:
@@ -192,17 +193,19 @@ def test_stage_lora_exports_a_merged_model_equal_to_base_plus_adapter(tiny_base,
     rows[5] = "{not json"
     rows[9] = {"question": "Q?", "answer": "  "}
     data = _write(tmp_path / "qa.jsonl", rows)
-    cfg = _cfg(tiny_base, mode="lora", data=str(data), max_steps=4, eval_fraction=0.1)
+    cfg = _cfg(tiny_base, {"source": str(data), "eval_fraction": 0.1}, mode="lora", max_steps=4)
+    qa_stage.run(cfg)
     manifest = sft.run(cfg)
     out = isolated_runs / "t" / "sft"
     assert manifest["status"] == "complete" and manifest["metrics"]["steps"] == 4
-    assert manifest["metrics"]["skipped"] == 2
-    report = json.loads((out / "data_report.json").read_text())
-    assert [s["line"] for s in report["skipped_lines"]] == [6, 10]
-    held = [json.loads(line) for line in (out / "qa_eval.jsonl").read_text().splitlines()]
+    qa_report = json.loads((isolated_runs / "t" / "qa" / "report.json").read_text())
+    assert [s["line"] for s in qa_report["details"]["skipped_lines"]] == [6, 10]  # the user's file, line by line
+    assert manifest["metrics"]["skipped"] == 0  # every line the qa stage wrote is valid and fits max_seq_length
+    held = [json.loads(line) for line in (isolated_runs / "t" / "qa" / "qa_eval.jsonl").read_text().splitlines()]
     trained = [json.loads(line) for line in (out / "sft_train.jsonl").read_text().splitlines()]
     assert held and {h["question"] for h in held}.isdisjoint(m["messages"][0]["content"] for m in trained)
-    assert len(held) + len(trained) + report["near_duplicates_removed"] == 58
+    assert len(held) + len(trained) + qa_report["details"]["near_duplicates_removed"] == 58
+    assert {t["source"]["line"] for t in trained} <= set(range(1, 61)) - {6, 10}  # provenance: the file's line
 
     # the exported model carries the base's tokenizer and chat template byte for byte
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -249,24 +252,37 @@ def test_cli_without_a_base_model_is_one_line(tmp_path):
 def test_stage_errors_are_one_line(tiny_base, tmp_path):
     with pytest.raises(ForgeError, match="no base model"):
         sft.run(ForgeConfig(run_name="t"))
+    with pytest.raises(ForgeError, match=r"the qa stage of run 't' has not run .*run `forge qa`"):
+        sft.run(_cfg(tiny_base))
     bad = _write(tmp_path / "bad.jsonl", ["[1, 2]", '{"question": "x"}'])
     with pytest.raises(ForgeError, match=r"bad\.jsonl: no valid example in 2 line\(s\) \(line 1: .*; line 2: "):
-        sft.run(_cfg(tiny_base, data=str(bad)))
+        qa_stage.run(_cfg(tiny_base, {"source": str(bad)}))
+    good = _write(tmp_path / "good.jsonl", [{"question": f"What is {i}?", "answer": f"It is {i}."} for i in range(9)])
+    qa_stage.run(_cfg(tiny_base, {"source": str(good)}))
+    with pytest.raises(ForgeError, match=r"built with other qa or data settings .*run `forge qa`"):
+        sft.run(_cfg(tiny_base, {"source": str(bad)}))  # the config asks for another set than the one on disk
+    with pytest.raises(ForgeError, match="sft.data=.*the setting moved to qa.source"):
+        load_config(None, [f"sft.data={good}"])
 
 
 @pytest.mark.slow
 def test_stage_on_the_builtin_qa_holds_out_objects_for_eval(tiny_base, isolated_runs):
     cfg = _cfg(tiny_base, mode="full", max_examples=32, max_steps=2, system_prompt="Answer about Python.")
+    from pretrain.data import stage as data_stage
+
+    data_stage.run(cfg)
+    qa_stage.run(cfg)
     manifest = sft.run(cfg)
     out = isolated_runs / "t" / "sft"
     report = json.loads((out / "data_report.json").read_text())
-    held = [json.loads(line) for line in (out / "qa_eval.jsonl").read_text().splitlines()]
+    qa_report = json.loads((isolated_runs / "t" / "qa" / "report.json").read_text())
+    held = [json.loads(line) for line in (isolated_runs / "t" / "qa" / "qa_eval.jsonl").read_text().splitlines()]
     trained = [json.loads(line) for line in (out / "sft_train.jsonl").read_text().splitlines()]
     assert len(trained) == 32 == manifest["metrics"]["train_examples"] and report["capped_to"] == 32
-    assert report["train_pairs"] > 3000 and "below the seeds' 10,000-100,000 guidance" in report["guidance"]
-    assert len(held) == report["eval_pairs"] >= 200
+    assert qa_report["train_pairs"] > 3000 and "below the seeds' 10,000-100,000 guidance" in report["guidance"]
+    assert len(held) == qa_report["eval_pairs"] >= 200 and report["qa_set"] == "builtin"
     assert {h["object"] for h in held}.isdisjoint(t["object"] for t in trained)
-    first = held[0]
+    first = sft.load_data(cfg, sft.load_tokenizer(tiny_base), qa_stage.qa_set(cfg))[1][0]
     assert first["messages"] == [
         {"role": "system", "content": "Answer about Python."},
         {"role": "user", "content": first["question"]},

@@ -1,5 +1,6 @@
 """SFT data validation: every bad line skipped and reported with its line number, all-bad files are one clear error,
-near-duplicates removed, the count reported against the 10k-100k guidance."""
+the count reported against the 10k-100k guidance. (Near-duplicates and the held-out split of a user's file are the
+qa stage's: tests/test_qa_stage.py.)"""
 
 from __future__ import annotations
 
@@ -7,16 +8,9 @@ import json
 
 import pytest
 
-from finetune.sft_data import (
-    Example,
-    guidance,
-    read_jsonl,
-    remove_near_duplicates,
-    split_held_out,
-    to_messages,
-)
+from finetune.sft_data import guidance, read_jsonl
 from forge import ForgeError
-from forge.config import DedupConfig
+from pretrain.qa.records import conversation
 
 GOOD_QA = {"question": "What does `os.getcwd` do?", "answer": "Return a string representing the current directory."}
 GOOD_CHAT = {
@@ -84,54 +78,16 @@ def test_all_bad_file_is_one_error_naming_the_file(tmp_path):
         read_jsonl(tmp_path / "missing.jsonl")
 
 
-def test_formats_and_system_prompt():
-    assert to_messages(GOOD_QA, "Be brief.") == [
+def test_formats_and_system_prompt(tmp_path):
+    assert conversation(GOOD_QA, "Be brief.") == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": GOOD_QA["question"]},
         {"role": "assistant", "content": GOOD_QA["answer"]},
     ]
-    assert to_messages(GOOD_CHAT, "ignored: the conversation has its own")[0]["content"] == "Answer briefly."
-
-
-def test_near_duplicates_are_removed_and_distinct_pairs_kept():
-    base = "Return a new list containing all items from the iterable in ascending order, stable and with a key."
-    examples = [
-        Example(to_messages({"question": "What does `sorted` do?", "answer": base})),
-        Example(to_messages({"question": "What does `sorted` do?", "answer": base.replace("new", "fresh")})),
-        Example(to_messages({"question": "What does `sorted` do?", "answer": base.upper()})),  # case only
-        Example(
-            to_messages({"question": "What does `len` do?", "answer": "Return the number of items in a container."})
-        ),
-    ]
-    from finetune.sft_data import DataReport
-
-    report = DataReport(source="x", examples=4)
-    kept = remove_near_duplicates(examples, DedupConfig(), seed=1, report=report)
-    assert [e.messages[1]["content"] for e in kept] == [base, "Return the number of items in a container."]
-    assert report.near_duplicates_removed == 2 and report.examples == 2
-
-
-def test_held_out_split_is_stable_and_decontaminated():
-    import random
-
-    rng = random.Random(0)
-    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(8)) for _ in range(400)]
-    examples = [
-        Example(
-            to_messages({"question": f"What does {words[2 * i]} do?", "answer": f"It computes {words[2 * i + 1]}."})
-        )
-        for i in range(200)
-    ]
-    train, held = split_held_out(examples, 0.2, DedupConfig(), seed=1)
-    train2, held2 = split_held_out(list(reversed(examples)), 0.2, DedupConfig(), seed=1)
-    questions = {e.messages[0]["content"] for e in held}
-    assert 20 <= len(held) <= 60 and questions == {e.messages[0]["content"] for e in held2}
-    assert questions.isdisjoint(e.messages[0]["content"] for e in train)
-    assert len(train) + len(held) == 200 and len(train2) == len(train)
-    # a train example that asks differently but gives a held-out answer is dropped (decontamination)
-    leak = Example(to_messages({"question": "Tell me, what is computed?", "answer": held[0].messages[1]["content"]}))
-    train3, held3 = split_held_out([*examples, leak], 0.2, DedupConfig(), seed=1)
-    assert len(held3) == len(held) and len(train3) == len(train)
+    assert conversation(GOOD_CHAT, "ignored: the conversation has its own")[0]["content"] == "Answer briefly."
+    examples, _ = read_jsonl(write_lines(tmp_path / "d.jsonl", [GOOD_QA, GOOD_CHAT]), "Be brief.")
+    assert examples[0].messages[0] == {"role": "system", "content": "Be brief."}
+    assert examples[1].messages == GOOD_CHAT["messages"]
 
 
 def test_guidance_against_the_seeds_range():

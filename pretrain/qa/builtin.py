@@ -1,4 +1,4 @@
-"""The embedded default SFT set: question-answer pairs generated from the standard library's documentation.
+"""The embedded corpus's Q&A set: question-answer pairs generated from the standard library's documentation.
 
 Built from the same records as the embedded pretraining corpus (`pretrain.data.stdlib_corpus`: module, class and
 function docstrings read with `ast`, plus the language-reference topics), with no download and in a fixed order,
@@ -18,12 +18,13 @@ The question wording is picked among a few phrasings by a stable hash of the obj
 
 Split BY OBJECT: every pair about an object goes to the same side, so a held-out object was never seen in SFT.
 An object is held out when a stable hash of its name falls under `eval_fraction`, and always when the data stage
-puts its document in val or test (pass the data split ratios): those docstrings were never pretrained on either,
-and each held-out pair records `pretrain_split` so the eval stage can report them apart. Train pairs whose answer
-near-duplicates a held-out answer are then dropped (decontamination), and near-duplicate answers within each side
-are removed, with the data stage's MinHash (`pretrain.data.dedup`); short answers excepted, which repeat by design.
+put its document in val or test (`pretrain_splits`: document id -> split, read from the data stage's outputs):
+those docstrings were never pretrained on either, and each held-out pair records `pretrain_split` so the eval stage
+can report them apart. Train pairs whose answer near-duplicates a held-out answer are then dropped
+(decontamination), and near-duplicate answers within each side are removed (pretrain/qa/dedup.py); short answers
+excepted, which repeat by design.
 
-    train, held_out, report = build_split(eval_fraction=0.05, pretrain_ratios=cfg.data.split, dedup_cfg=..., seed=...)
+    train, held_out, report = build_split(eval_fraction=0.05, pretrain_splits=splits, dedup_cfg=..., seed=...)
 """
 
 from __future__ import annotations
@@ -33,14 +34,13 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 import xxhash
 
 from forge.config import DedupConfig
 from pretrain.data.stdlib_corpus import corpus_id, docstring, iter_stdlib_records
+from pretrain.qa.dedup import HOLD_OUT_HASH_SEED, deduplicate
 
-QA_VERSION = "2"  # bump when the generated pairs change: it is part of the sft stage's skip key
-QA_HASH_SEED = 0x5F7  # the object hash of the held-out split (independent of the data stage's split hash)
+QA_VERSION = "2"  # bump when the generated pairs change: it is part of the qa stage's skip key
 MIN_ANSWER_CHARS = 20  # shorter summaries ("Return x.") teach little
 MAX_ANSWER_CHARS = 480  # whole sentences up to this; a longer first sentence drops the pair (tiny contexts)
 MAX_SENTENCES = 3
@@ -197,51 +197,40 @@ def defining_module(name: str, kinds: dict[str, str]) -> str | None:
 
 def object_hash(name: str) -> float:
     """A stable number in [0, 1) from the object's name alone."""
-    return xxhash.xxh64_intdigest(name.encode(), seed=QA_HASH_SEED) / 2**64
+    return xxhash.xxh64_intdigest(name.encode(), seed=HOLD_OUT_HASH_SEED) / 2**64
 
 
-def held_out(pair: dict[str, Any], eval_fraction: float, pretrain_ratios: dict[str, float] | None) -> bool:
-    if pretrain_ratios is not None and pair["pretrain_split"] != "train":
+def held_out(pair: dict[str, Any], eval_fraction: float) -> bool:
+    if pair["pretrain_split"] not in (None, "train"):
         return True
     return object_hash(pair["object"]) < eval_fraction
 
 
 def build_split(
     eval_fraction: float,
-    pretrain_ratios: dict[str, float] | None,
+    pretrain_splits: dict[str, str] | None,
     dedup_cfg: DedupConfig,
     seed: int,
     records: Iterable[dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    """(train pairs, held-out pairs, report). `pretrain_ratios`: the data stage's split when it used this corpus."""
-    from finetune.sft_data import near_duplicate_mask  # here: sft_data imports this module for the builtin id
-    from pretrain.data.pipeline import split_of
-
+    """(train pairs, held-out pairs, report). `pretrain_splits`: the data stage's split of each document id when it
+    used this corpus (a document it never saw counts as not pretrained on: held out)."""
     pairs = generate_pairs(records)
     for pair in pairs:
-        pair["pretrain_split"] = split_of(pair["doc_id"], pretrain_ratios) if pretrain_ratios else None
-    held = [held_out(p, eval_fraction, pretrain_ratios) for p in pairs]
-    # Held-out pairs first and preferred: a cluster with a held-out answer keeps it and drops the train copies.
-    ordered = [p for p, h in zip(pairs, held, strict=True) if h] + [
-        p for p, h in zip(pairs, held, strict=True) if not h
-    ]
-    n_eval = sum(held)
-    # Short answers ("json") repeat across objects by design: the question is what makes such a pair unique.
-    long = [i for i, p in enumerate(ordered) if p["qtype"] not in SHORT_ANSWER_QTYPES]
-    keep = np.ones(len(ordered), dtype=bool)
-    keep[long] = near_duplicate_mask(
-        [ordered[i]["answer"] for i in long], dedup_cfg, seed, [int(i >= n_eval) for i in long]
-    )
-    eval_pairs = [p for p, k in zip(ordered[:n_eval], keep[:n_eval], strict=True) if k]
-    train_pairs = [p for p, k in zip(ordered[n_eval:], keep[n_eval:], strict=True) if k]
-    eval_objects = {p["object"] for p in eval_pairs} | {p["object"] for p, h in zip(pairs, held, strict=True) if h}
+        pair["pretrain_split"] = pretrain_splits.get(pair["doc_id"], "absent") if pretrain_splits is not None else None
+    held = [held_out(p, eval_fraction) for p in pairs]
+    eval_pairs, train_pairs, removed = deduplicate(
+        [p for p, h in zip(pairs, held, strict=True) if h], [p for p, h in zip(pairs, held, strict=True) if not h],
+        dedup_cfg, seed, SHORT_ANSWER_QTYPES,
+    )  # fmt: skip
+    eval_objects = {p["object"] for p, h in zip(pairs, held, strict=True) if h}
     train_pairs = [p for p in train_pairs if p["object"] not in eval_objects]  # by construction; kept as a guard
     report = {
         "source": builtin_id(),
         "generated_pairs": len(pairs),
         "objects": len({p["object"] for p in pairs}),
         "held_out_objects": len({p["object"] for p in eval_pairs}),
-        "near_duplicates_removed": int(len(pairs) - sum(keep)),
+        "near_duplicates_removed": sum(removed.values()),
         "train_pairs": len(train_pairs),
         "eval_pairs": len(eval_pairs),
         "eval_fraction": eval_fraction,

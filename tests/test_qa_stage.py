@@ -1,0 +1,242 @@
+"""`forge qa`: the Q&A set from a corpus through the real data stage (answers are text of their split, held-out pairs
+only from val/test documents), a user's file (it wins; bad lines reported), near-duplicates and decontamination,
+the embedded set unchanged, and the refusal of the embedded set for any other corpus through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from forge import ForgeError
+from forge.config import DedupConfig, ForgeConfig
+from pretrain.data import stage as data_stage
+from pretrain.qa import stage as qa_stage
+from pretrain.qa.dedup import deduplicate, split_held_out
+from pretrain.qa.extract import normalize
+
+REPO = Path(__file__).resolve().parent.parent
+FORGE = str(Path(sys.executable).with_name("forge"))
+WORDS = ("widget", "record", "buffer", "cursor", "socket", "column", "journal", "lease", "ticket", "bucket", "shard",
+         "token", "branch", "index", "schema", "cache", "queue", "frame", "packet", "volume")  # fmt: skip
+VERBS = ("copies", "prunes", "merges", "signs", "rotates", "checks", "renames", "splits", "locks", "flushes")
+
+
+def manual_page(i: int, rng: random.Random) -> str:
+    """A man page as HTML: NAME, SYNOPSIS, DESCRIPTION, OPTIONS (a definition list), a section of prose."""
+    cmd = f"tool{i}"
+    a, b, c = rng.sample(WORDS, 3)
+    options = "".join(
+        f"<dt>--{w}-{i}</dt><dd><p>When set, {cmd} {rng.choice(VERBS)} every {w} it meets before the {b} of "
+        f"page {i}, and reports each one on standard error.</p></dd>"
+        for w in rng.sample(WORDS, 4)
+    )
+    return f"""<html><head><title>{cmd}(1) Manual Page</title></head><body>
+<h1>{cmd}(1) Manual Page</h1>
+<h2>NAME</h2><p>{cmd} - {rng.choice(VERBS)} the {a} of a {b} number {i}</p>
+<h2>SYNOPSIS</h2><pre>{cmd} [--{a}-{i}] [--{c}-{i}] &lt;{b}&gt;</pre>
+<h2>DESCRIPTION</h2><p>The {cmd} command {rng.choice(VERBS)} the {a} of each {b} it is given, number {i}.
+It reads the {c} first and keeps a copy of the {a} until the end of the run.</p>
+<h2>OPTIONS</h2><dl>{options}</dl>
+<h2>Handling the {c}</h2><p>When the {c} of page {i} is missing, {cmd} {rng.choice(VERBS)} the {b} instead and
+tells you which {a} was used. This makes the result of run {i} repeatable on every machine.</p>
+</body></html>"""
+
+
+@pytest.fixture(scope="module")
+def manual(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("manual") / "manual"
+    root.mkdir()
+    rng = random.Random(3)
+    for i in range(40):
+        (root / f"tool{i}.html").write_text(manual_page(i, rng), encoding="utf-8")
+    return root
+
+
+def corpus_cfg(manual: Path, **qa) -> ForgeConfig:
+    # Only the split and what the synthetic pages would trip are set: the pages share their templates (so the
+    # near-duplicate and quality rules built for web text would flag them), and 40 pages need a wide val/test.
+    data = {"inputs": [str(manual)], "split": {"train": 0.6, "val": 0.2, "test": 0.2}, "quality": {"enabled": False},
+            "language": False, "boilerplate": False, "dedup": {"near": False, "paragraph": False}}  # fmt: skip
+    return ForgeConfig(run_name="m", data=data, qa=qa)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def cleaned_texts(run: Path) -> dict[str, tuple[str, str]]:
+    """doc id -> (split, cleaned text) from the data stage's shards."""
+    out = {}
+    for path in sorted((run / "data").glob("*-*.parquet")):
+        for row in pq.read_table(path).to_pylist():
+            out[row["id"]] = (path.name.split("-")[0], normalize(row["text"]))
+    return out
+
+
+def test_corpus_pairs_are_text_of_their_split_and_held_out_only_from_val_and_test(manual, isolated_runs):
+    cfg = corpus_cfg(manual)
+    data_stage.run(cfg)
+    manifest = qa_stage.run(cfg)
+    run = isolated_runs / "m"
+    docs = cleaned_texts(run)
+    train, held = read_jsonl(run / "qa" / "qa_train.jsonl"), read_jsonl(run / "qa" / "qa_eval.jsonl")
+    assert train and held
+    for side, pairs in (("train", train), ("held-out", held)):
+        for p in pairs:
+            split, text = docs[p["source"]["doc_id"]]
+            assert p["source"]["split"] == split and normalize(p["answer"]) in text, (side, p)
+            assert (split == "train") == (side == "train"), p  # held-out pairs only from val/test documents
+    assert {p["source"]["kind"] for p in train + held} == {"corpus"}
+    report = json.loads((run / "qa" / "report.json").read_text())
+    assert report["pairs_per_1k_train_words"] >= 1.0 and manifest["metrics"]["train_pairs"] == len(train)
+    kinds = set(report["by_qtype"])
+    assert {"purpose", "synopsis", "description", "option", "section"} <= kinds
+    assert all(1 <= len(report["samples"][k]) <= 10 for k in kinds)
+    option = next(p for p in train if p["qtype"] == "option")
+    assert option["question"].endswith(("?", ".")) and f"`{option['source']['doc_id'][7:-5]}`" in option["question"]
+    md = (run / "qa" / "report.md").read_text()
+    assert "## Pairs by kind" in md and "## Samples: option" in md and (run / "qa" / "pairs_by_kind.png").is_file()
+    # unchanged data and config: skipped; the same seed gives the same file
+    assert qa_stage.run(cfg)["finished_at"] == manifest["finished_at"]
+    again = qa_stage.run(cfg, force=True)
+    assert again["outputs"]["qa_train.jsonl"] == manifest["outputs"]["qa_train.jsonl"]
+
+
+def test_a_users_file_wins_and_its_bad_lines_are_reported(manual, isolated_runs, tmp_path):
+    rng = random.Random(1)
+    names = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(7)) for _ in range(100)]
+    rows = [{"question": f"How do I reset the {names[2 * i]}?", "answer": f"Hold its {names[2 * i + 1]} button."}
+            for i in range(50)]  # fmt: skip
+    lines = [json.dumps(r) for r in rows]
+    lines[3], lines[7] = "{broken", json.dumps({"question": "Empty?", "answer": " "})
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg = corpus_cfg(manual, source=str(path), eval_fraction=0.2)
+    qa_stage.run(cfg)  # no data stage needed: the pairs are the user's
+    run = isolated_runs / "m" / "qa"
+    train, held = read_jsonl(run / "qa_train.jsonl"), read_jsonl(run / "qa_eval.jsonl")
+    report = json.loads((run / "report.json").read_text())
+    assert report["source"]["kind"] == "file" and len(train) + len(held) == 48 and held
+    assert [s["line"] for s in report["details"]["skipped_lines"]] == [4, 8]
+    assert {p["source"]["line"] for p in train + held} == set(range(1, 51)) - {4, 8}
+    assert {p["question"] for p in train}.isdisjoint(p["question"] for p in held)
+    assert all(p["qtype"] is None for p in train)
+    with pytest.raises(ForgeError, match="qa.source='.*missing.jsonl': file not found"):
+        qa_stage.run(corpus_cfg(manual, source=str(tmp_path / "missing.jsonl")))
+
+
+def test_near_duplicates_go_and_a_held_out_answer_is_never_trained_on():
+    base = (
+        "Return a new list containing all items from the iterable in ascending order. A custom key function can "
+        "be supplied to customize the sort order, and the reverse flag can be set to request the result in "
+        "descending order. The sort is stable."
+    )
+
+    def pair(q, a, qtype="description"):
+        return {"question": q, "answer": a, "qtype": qtype}
+
+    held = [pair("What does `sorted` do?", base)]
+    train = [
+        pair("Describe `sorted`.", base.replace("new", "fresh")),  # a near copy of the held-out answer
+        pair("What does `len` do?", "Return the number of items in a container, any container at all."),
+        pair("What does `len` do now?", "Return the number of items in a container, any container at all."),
+        pair("Which module defines `json.dumps`?", "json", "module"),  # short answers repeat by design
+        pair("Which module defines `json.loads`?", "json", "module"),
+        pair("Which module defines `json.loads`?", "json", "module"),  # an exact copy
+    ]
+    kept_held, kept_train, removed = deduplicate(held, train, DedupConfig(), seed=1, short_qtypes=("module",))
+    assert kept_held == held
+    assert [p["question"] for p in kept_train] == [
+        "What does `len` do?", "Which module defines `json.dumps`?", "Which module defines `json.loads`?"
+    ]  # fmt: skip
+    assert removed == {"near_duplicates": 2, "decontaminated": 1}
+
+
+def test_a_users_held_out_split_is_stable_and_decontaminated():
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(8)) for _ in range(400)]
+    records = [{"question": f"What does {words[2 * i]} do?", "answer": f"It computes {words[2 * i + 1]}."}
+               for i in range(200)]  # fmt: skip
+    train, held = split_held_out(records, 0.2, DedupConfig(), seed=1)
+    train2, held2 = split_held_out(list(reversed(records)), 0.2, DedupConfig(), seed=1)
+    questions = {r["question"] for r in held}
+    assert 20 <= len(held) <= 60 and questions == {r["question"] for r in held2}
+    assert questions.isdisjoint(r["question"] for r in train)
+    assert len(train) + len(held) == 200 and len(train2) == len(train)
+    # a train record that asks differently but gives a held-out answer is dropped (decontamination)
+    leak = {"question": "Tell me, what is computed?", "answer": held[0]["answer"]}
+    train3, held3 = split_held_out([*records, leak], 0.2, DedupConfig(), seed=1)
+    assert len(held3) == len(held) and len(train3) == len(train)
+
+
+@pytest.mark.slow
+def test_the_embedded_set_is_the_one_sft_always_had(isolated_runs):
+    """configs/tiny-cpu.yaml: the same builtin pairs as before the qa stage existed (the counts of the last
+    measured run), split by the data stage's own outputs."""
+    from forge.config import load_config
+
+    cfg = load_config(REPO / "configs" / "tiny-cpu.yaml")
+    data_stage.run(cfg)
+    qa_stage.run(cfg)
+    report = json.loads((isolated_runs / "tiny-cpu" / "qa" / "report.json").read_text())
+    assert report["source"]["kind"] == "builtin"
+    assert {k: v["train"] for k, v in report["by_qtype"].items()} == {
+        "describe": 4312, "details": 1632, "members": 445, "module": 3943}  # fmt: skip
+    assert {k: v["held_out"] for k, v in report["by_qtype"].items()} == {
+        "describe": 600, "details": 205, "members": 54, "module": 521}  # fmt: skip
+
+
+def forge(*args: str, runs: Path) -> subprocess.CompletedProcess:
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "FORGE_RUNS_DIR": str(runs)}
+    return subprocess.run([FORGE, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_the_embedded_set_is_refused_for_any_other_corpus_through_the_cli(manual, isolated_runs):
+    wrong = ["--set", f"data.inputs=[{manual}]", "--set", "qa.source=builtin", "--set", "plan.hardware=cpu"]
+    for verb in (["qa"], ["sft"], ["eval", "--target", "pretrain"]):
+        out = forge(*verb, *wrong, runs=isolated_runs)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, (verb, out.stderr[-2000:])
+        assert "embedded Python standard-library" in lines[0] and "wrong domain" in lines[0]
+        assert "--set qa.source=corpus" in lines[0] and "--set qa.source=PATH" in lines[0]  # the two ways out
+    keep_pages = [
+        "--set",
+        "data.quality.enabled=false",
+        "--set",
+        "data.language=false",
+        "--set",
+        "data.dedup.near=false",
+    ]
+    out = forge("pipeline", "--no-serve", *wrong, *keep_pages, runs=isolated_runs)
+    assert out.returncode == 1 and "pipeline stopped at qa: the Q&A set is the embedded" in out.stderr, out.stderr
+    assert not (isolated_runs / "default" / "tokenizer").exists()  # nothing was trained on the wrong domain
+
+
+@pytest.mark.slow
+def test_a_real_manual_gives_pairs_of_its_own_text(debian_docs, isolated_runs):
+    """git-doc (Debian's HTML and AsciiDoc manual pages), with only data.inputs changed from the defaults."""
+    cfg = ForgeConfig(run_name="git", data={"inputs": [str(debian_docs("git-doc") / "usr/share/doc/git-doc")]})
+    data_stage.run(cfg)
+    qa_stage.run(cfg)
+    run = isolated_runs / "git"
+    docs = cleaned_texts(run)
+    train, held = read_jsonl(run / "qa" / "qa_train.jsonl"), read_jsonl(run / "qa" / "qa_eval.jsonl")
+    report = json.loads((run / "qa" / "report.json").read_text())
+    assert report["pairs_per_1k_train_words"] >= 1.0, report["pairs_per_1k_train_words"]
+    for p in train:
+        split, text = docs[p["source"]["doc_id"]]
+        assert split == "train" and normalize(p["answer"]) in text, p
+    assert held, "no held-out pair: the val/test documents of git-doc gave none"
+    for p in held:
+        split, text = docs[p["source"]["doc_id"]]
+        assert split in ("val", "test") and normalize(p["answer"]) in text, p
+    options = [p for p in train if p["qtype"] == "option"]
+    assert len(options) > 500 and all("`-" in p["question"] for p in options)  # "the `--force` (`-f`) option"
+    assert all(p["question"].endswith(("?", ".")) for p in train + held)
