@@ -261,17 +261,11 @@ class QAConfig(Section):
     # holds out every object whose docstring the data stage put in val or test. Corpus pairs are held out exactly
     # when their document is in val or test, whatever this is.
     eval_fraction: float = Field(0.05, ge=0.0, lt=1.0)
-    teacher: str | None = Field(
-        None,
-        description="A local model (a .gguf file or an HF model directory on disk; nothing is downloaded) that writes "
-        "extra pairs from passages of the train documents, each checked like an extracted one. None: no teacher.",
-    )
-    teacher_passages: int = Field(200, ge=1)  # passages the teacher writes a pair for (it is the slow part)
 
     @model_validator(mode="after")
     def _known_source(self) -> QAConfig:
-        if self.source in ("", "none"):
-            raise ValueError(f"qa.source={self.source!r}: use auto, corpus, builtin or the path of a JSONL file")
+        if not self.source.strip():
+            raise ValueError("qa.source is empty: use auto, corpus, builtin or the path of a JSONL file")
         return self
 
 

@@ -83,8 +83,8 @@ def test_every_stage_is_complete_and_the_report_card_covers_the_run(finished):
     text = (run / "report.md").read_text()
     assert card["qa"]["source"]["kind"] == "builtin" and card["qa"]["eval_pairs"] > 0
     assert "## Q&A samples, 10 of each kind" in (run / "report.md").read_text()
-    for heading in ("Corpus", "Domain Q&A", "Tokenizer", "pretraining", "before and after SFT", "Red flags", "Quantization",
-                    "Gate", "Lineage"):  # fmt: skip
+    for heading in ("Corpus", "Domain Q&A", "Tokenizer", "pretraining", "before and after SFT", "Red flags",
+                    "Quantization", "Gate", "Lineage"):  # fmt: skip
         assert f"## {heading}" in text or heading in text, heading
     assert manifest(runs, "pretrain")["config_hash"][:12] in text, "lineage hashes are on the card"
     plots = {p.name for p in (run / "report").glob("*.png")}

@@ -240,3 +240,38 @@ def test_a_real_manual_gives_pairs_of_its_own_text(debian_docs, isolated_runs):
     options = [p for p in train if p["qtype"] == "option"]
     assert len(options) > 500 and all("`-" in p["question"] for p in options)  # "the `--force` (`-f`) option"
     assert all(p["question"].endswith(("?", ".")) for p in train + held)
+
+
+@pytest.mark.slow
+def test_the_pipeline_on_a_real_manual_evaluates_its_own_domain(debian_docs, isolated_runs):
+    """configs/ci-smoke.yaml's tiny model pointed at git-doc: SFT trains on git's pairs and eval scores git's
+    held-out pairs, per kind (the numbers prove the plumbing, not the model)."""
+    manual = debian_docs("git-doc") / "usr/share/doc/git-doc"
+    out = forge(
+        "pipeline",
+        "--no-serve",
+        "--config",
+        "configs/ci-smoke.yaml",
+        "--run",
+        "git-smoke",
+        "--set",
+        f"data.inputs=[{manual}]",
+        "--set",
+        "registry.model_name=forge-git-smoke",
+        runs=isolated_runs,
+    )
+    run = isolated_runs / "git-smoke"
+    assert out.returncode == 0 or "pipeline stopped at promote" in out.stderr, out.stderr[-3000:]
+    qa = json.loads((run / "qa" / "report.json").read_text())
+    assert qa["source"]["kind"] == "corpus" and qa["eval_pairs"] > 0
+    trained = read_jsonl(run / "sft" / "sft_train.jsonl")
+    skipped = json.loads((run / "sft" / "data_report.json").read_text())["skipped"]  # over sft.max_seq_length
+    assert {t["source"]["kind"] for t in trained} == {"corpus"} and len(trained) + skipped == qa["train_pairs"]
+    for target in ("pretrain", "sft"):
+        report = json.loads((run / f"eval-{target}" / "eval.json").read_text())
+        metrics = {m["name"]: m["value"] for m in report["metrics"]}
+        assert metrics["qa_examples"] > 0 and "qa_f1" in metrics and "mc_acc.option" in metrics, target
+        scored = read_jsonl(run / f"eval-{target}" / "qa_eval.jsonl")
+        assert scored and all(s["source"]["split"] in ("val", "test") for s in scored)
+    card = (run / "report.md").read_text()
+    assert "## Domain Q&A (forge qa)" in card and "| source | corpus (qa.source=auto) |" in card

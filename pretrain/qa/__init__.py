@@ -6,9 +6,8 @@
 
 Sources (`qa.source`): `corpus` (pretrain/qa/corpus.py: pairs from the document structure, answers checked against
 the cleaned text), `builtin` (pretrain/qa/builtin.py: the embedded stdlib set), a JSONL file (pretrain/qa/records.py),
-`auto` (builtin for the embedded corpus, corpus otherwise); a local teacher model may add pairs (`qa.teacher`,
-pretrain/qa/teacher.py). The embedded set is refused for any other corpus, here and in sft and eval: it would train
-and judge the wrong domain.
+`auto` (builtin for the embedded corpus, corpus otherwise). The embedded set is refused for any other corpus, here
+and in sft and eval: it would train and judge the wrong domain.
 
 Outputs in runs/<run>/qa/:
   qa_train.jsonl   the pairs SFT trains on
@@ -26,12 +25,13 @@ One JSON object per line, UTF-8, readable and editable (give an edited copy back
                         (corpus, see pretrain/qa/extract.py); describe, details, members, module (builtin); the
                         line's own value or null (a file). Evaluation reports its metrics per qtype.
   source    object      where the pair comes from:
-              kind     "corpus" | "builtin" | "file" | "teacher"
-              doc_id   the data stage's document id (corpus, builtin, teacher), else null
+              kind     "corpus" | "builtin" | "file"
+              doc_id   the data stage's document id (corpus, builtin), else null
               split    that document's split: train, val or test (a file's pairs: null)
               heading  the section heading (corpus), the documented object (builtin), else null
-              path     the input file of the document (corpus, teacher) or the JSONL file (a file), else null
+              path     the input file of the document (corpus) or the JSONL file (a file), else null
               line     the line of the JSONL file (a file), else absent
+              origin   the line's own "source" object, when it had one (an edited copy of a generated set)
   messages  list       only for conversations: [{"role": "system"|"user"|"assistant", "content": str}, ...]
   ...                  any other key of a user's line is kept as it was (builtin pairs add object and kind)
 """

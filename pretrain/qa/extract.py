@@ -59,6 +59,8 @@ _TITLE_SEPARATORS = re.compile(r"\s+[-|\u2013\u2014:]\s+")
 _OPTION = re.compile(r"^[-+]{1,2}[\w?\[]")
 _PLACEHOLDER = re.compile(r"^<[^>]+>(\.\.\.|\u2026)?$")  # <repository>
 _OPTIONS_PLACEHOLDER = re.compile(r"^(\[[^\]]+\]|[A-Z][A-Z0-9_]+)(\.\.\.|\u2026)?$")  # [file], FILE: in OPTIONS
+_FIELD_LABEL = re.compile(r"^[^\W\d_]+(?:[ -][^\W\d_]+){0,3}$")  # "Source File", "Module Identifier"
+_CODE_CHARS = re.compile(r"[(){}<>\[\]=_@$/\\|]")  # OPT_CALLBACK(short, long, ...), <name>@{upstream}
 _FAQ_NUMBER = re.compile(r"^\(?\d+[.)]\s*")
 _NOT_CODE_MARKUP = re.compile(r"[`*]")
 
@@ -175,7 +177,7 @@ def page_subject(page: Page, ctx: Context) -> tuple[str, str | None]:
                     name = " ".join(first[:k])
                     break
     title = "" if q.section_kind(page.title) else page.title  # a text page whose first heading is NAME
-    subject = name or clean_title(title, ctx.title_noise)
+    subject = name or display_heading(clean_title(title, ctx.title_noise))
     return (f"`{subject}`" if name else q.quote(subject)), purpose
 
 
@@ -283,6 +285,8 @@ class _PageExtractor:
                 continue
             kind = q.field_kind(block.term)
             key = f"{section.heading}\0{block.term}"
+            if (kind == "field" and not _FIELD_LABEL.match(block.term)) or not re.search(r"[^\W\d_]", block.text):
+                continue  # a table of numbers ("sqlite 2.7.6 (nosync): 0.638"), not a property
             if kind == "description":
                 self.add(kind, self.ask(kind, key, s=subject), prose_answer([block.text], self.ctx.cleaned, False),
                          section.heading)  # fmt: skip
@@ -313,9 +317,12 @@ class _PageExtractor:
             self.add("argument", self.ask("argument", term, t=f"`{bare}`", s=subject), answer, heading)
         elif command and " " in bare and bare.startswith(command + " "):
             self.add("example", self.ask("description", term, s=f"`{bare}`"), answer, heading)
-        else:
-            shown = q.quote(bare) if q.looks_like_code(bare) else f"\u201c{bare}\u201d"
+        elif q.looks_like_code(bare) or _CODE_CHARS.search(bare) or words(bare) <= 3:
+            code = q.looks_like_code(bare) or _CODE_CHARS.search(bare)
+            shown = f"`{bare}`" if code and "`" not in bare else f"\u201c{bare}\u201d"
             self.add("definition", self.ask("definition", term, t=shown, s=subject), answer, heading)
+        else:  # a title-like term ("Rewriting URLs with mod_rewrite"): a topic of the page, not a word to define
+            self.add("section", self.ask("section", term, s=subject, h=bare), answer, heading)
 
 
 def display_heading(heading: str) -> str:

@@ -194,10 +194,6 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     else:
         inputs["data"] = data_stage_id(cfg)
         inputs["generator"] = builtin.builtin_id() if kind == "builtin" else f"corpus-extractor:v{EXTRACTOR_VERSION}"
-    if cfg.qa.teacher:
-        from pretrain.qa.teacher import teacher_input
-
-        inputs["teacher"] = teacher_input(cfg)
     stage = Stage(name="qa", cfg=cfg, sections=SECTIONS, inputs=inputs)
     return run_stage(stage, lambda s: build(s, kind, path), force=force)
 
@@ -213,10 +209,6 @@ def build(stage: Stage, kind: str, path: Path | None) -> dict[str, float]:
     else:
         assert path is not None
         train, held, details = from_file(cfg, path)
-    if cfg.qa.teacher:
-        from pretrain.qa.teacher import teacher_pairs
-
-        train, held, details["teacher"] = teacher_pairs(cfg, train, held)
     records.write_records(stage.dir / "qa_train.jsonl", train)
     records.write_records(stage.dir / "qa_eval.jsonl", held)
     report = summary(cfg, kind, path, train, held, details)

@@ -292,6 +292,8 @@ class _TextParser:
             if not (self.terms and not self.para):  # a term's definition may follow after a blank line
                 self.flush()
             return i + 1
+        if starts_block and _ASCIIDOC_MARKUP.match(stripped):  # attributes, includes, conditionals, comments
+            return i + 1
         if _FENCE.match(line) or (starts_block and _DELIMITED.match(stripped)):
             return self.code_block(i)
         if starts_block and _indent_of(line) == 0:
@@ -310,8 +312,6 @@ class _TextParser:
                 self.heading(stripped, 1)
                 return i + 1
         if starts_block:
-            if _ASCIIDOC_MARKUP.match(stripped):
-                return i + 1
             m = _ASCIIDOC_TERM.match(stripped)
             if m and not stripped.startswith("::") and words(m.group(1)) <= MAX_TERM_WORDS:
                 self.terms.append(m.group(1).strip())  # several terms may share one definition (-f:: --force::)
