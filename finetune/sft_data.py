@@ -20,7 +20,7 @@ from typing import Any
 
 from forge import ForgeError
 from pretrain.qa import records
-from pretrain.qa.records import FORMAT_HINT, SHOWN_PROBLEMS, Messages
+from pretrain.qa.records import FORMAT_HINT, Messages, ReadReport
 
 log = logging.getLogger("forge.sft")
 
@@ -35,17 +35,8 @@ class Example:
 
 
 @dataclass
-class DataReport:
-    source: str
-    lines: int = 0
-    valid: int = 0
-    skipped: list[dict[str, Any]] = field(default_factory=list)  # {"line", "reason"}
+class DataReport(ReadReport):
     examples: int = 0
-
-    def skipped_summary(self, limit: int = SHOWN_PROBLEMS) -> str:
-        shown = "; ".join(f"line {s['line']}: {s['reason']}" for s in self.skipped[:limit])
-        more = f"; ... {len(self.skipped) - limit} more" if len(self.skipped) > limit else ""
-        return shown + more
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -61,7 +61,7 @@ QUESTIONS = {
     "module_of": ["Which module defines `{n}`?", "In which module is `{n}` defined?", "What module is `{n}` in?"],
 }
 QTYPES = ("describe", "details", "members", "module")
-SHORT_ANSWER_QTYPES = ("module",)  # answers that repeat by design (many objects, one module): never deduplicated
+SHORT_ANSWER_QTYPES = ("module",)  # answers that repeat by design (many objects, one module): exact dedup only
 
 _SIGNATURE = re.compile(r"^[\w.]+\(.*\)(\s*->\s*.*)?$")  # "dumps(obj, *, skipkeys=False) -> str"
 _UNDERLINE = re.compile(r"^[*=\-~^]{3,}$")

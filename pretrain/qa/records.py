@@ -7,7 +7,7 @@ its line number and the reason: invalid JSON, not an object, a missing, empty or
 order. A file with no valid line is a ForgeError naming the file and the first problems.
 
     records, report = read_records(Path("my_pairs.jsonl"))   # report: lines, valid, skipped [{"line", "reason"}]
-    write_records(stage_dir / "qa_train.jsonl", records)
+    write_jsonl(stage_dir / "qa_train.jsonl", records)
 """
 
 from __future__ import annotations
@@ -161,5 +161,5 @@ def read_held_out(path: Path, system_prompt: str | None = None) -> list[dict[str
     return [{**r, "messages": conversation(r, system_prompt)[:-1]} for r in rows]
 
 
-def write_records(path: Path, records: list[dict[str, Any]]) -> None:
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))

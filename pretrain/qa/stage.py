@@ -209,8 +209,8 @@ def build(stage: Stage, kind: str, path: Path | None) -> dict[str, float]:
     else:
         assert path is not None
         train, held, details = from_file(cfg, path)
-    records.write_records(stage.dir / "qa_train.jsonl", train)
-    records.write_records(stage.dir / "qa_eval.jsonl", held)
+    records.write_jsonl(stage.dir / "qa_train.jsonl", train)
+    records.write_jsonl(stage.dir / "qa_eval.jsonl", held)
     report = summary(cfg, kind, path, train, held, details)
     atomic_write_json(stage.dir / "report.json", report)
     atomic_write_text(stage.dir / "report.md", markdown(report))
