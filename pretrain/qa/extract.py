@@ -306,6 +306,8 @@ class _PageExtractor:
         term = block.term.strip().rstrip(":").strip()
         if not re.search(r"\w", term) or len(term) < 2 or words(term) > 12:
             return
+        if term.endswith(".") and words(term) > 3:
+            return  # a sentence set as a term (a list of tasks), not a name a reader asks about
         answer = prose_answer([block.text], self.ctx.cleaned, sentence=False)
         bare = term.strip("`'\"")
         command = self.subject.strip("`")

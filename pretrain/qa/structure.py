@@ -69,7 +69,7 @@ def clean_heading(text: str) -> str:
     text = " ".join(text.replace("\u00b6", " ").split())
     text = re.sub(r"\[\[[^\]]*\]\]", "", text)  # AsciiDoc anchors: OPTIONS[[OPTIONS]]
     text = re.sub(r"^(\d+(\.\d+)*\.?|[A-Z]\.)\s+", "", text)
-    return text.strip(" #:").strip()
+    return text.strip(" #:>").strip()
 
 
 # ----------------------------------------------------------------------------------------------------------------
