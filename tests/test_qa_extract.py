@@ -3,7 +3,15 @@ page with a definition list and tables, a Markdown guide. Every answer must be t
 
 from __future__ import annotations
 
-from pretrain.qa.extract import Context, normalize, option_display, page_pairs, prose_answer, title_noise
+from pretrain.qa.extract import (
+    Context,
+    clean_title,
+    normalize,
+    option_display,
+    page_pairs,
+    prose_answer,
+    title_noise,
+)
 from pretrain.qa.structure import parse_html, parse_text
 
 MAN_PAGE = """\
@@ -180,3 +188,58 @@ def test_site_title_segments_are_not_subjects():
     titles = [f"page {i} - Apache HTTP Server Version 2.4" for i in range(10)] + ["Other"]
     assert title_noise(titles) == frozenset({"Apache HTTP Server Version 2.4"})
     assert option_display("-f, --force") == "`--force` (`-f`)" and option_display("--all") == "`--all`"
+
+
+# What reading samples of real manuals turned up (SQLite's C reference, Apache's pages in English and French): each
+# was a question a reader would not ask, or an answer with a stray piece, before the rule that now handles it.
+QUIRKS_PAGE = """\
+<html><head><title>Virtual Table Methods - SQLite</title></head><body>
+<h2>The xRename Method</h2>
+<pre>int (*xRename)(sqlite3_vtab *pVtab, const char *zNew);</pre>
+<p>This method tells the virtual table implementation that the table will be given a new name.</p>
+<h2>QUERY_STRING</h2>
+<p><em>Available in httpd 2.4.59 and later</em></p>
+<p>The variable holds whatever follows the question mark of the requested URL.</p>
+<h2>Module Enhancements</h2>
+<table><tr><td>mod_proxy</td><td>The proxy module was completely rewritten for this release. details ...</td></tr>
+<tr><td>4..7</td><td>Unused padding space, which must be zero.</td></tr></table>
+<h2>Conflicts</h2>
+<pre>When a conflict is resolved (e.g. with "git add path"), these
+higher stage entries are removed.</pre>
+</body></html>
+"""
+PROGRAM_PAGE = """\
+<html><head><title>configure - Configure the source tree - Apache HTTP Server</title></head><body>
+<h1>configure - Configure the source tree</h1>
+<p>The configure script configures the source tree for compiling the server on your platform.</p>
+</body></html>
+"""
+
+
+def test_what_real_manuals_showed_is_asked_and_answered_as_a_reader_would():
+    page = parse_html(QUIRKS_PAGE)
+    cleaned = " ".join(b.text for s in page.sections for b in s.blocks)
+    pairs, _ = pairs_of(page, cleaned)
+    questions = {qtype: [(q, a) for (t, q), a in pairs.items() if t == qtype] for qtype, _ in pairs}
+    # the function pointer's name is the function, not its return type
+    assert [q for q, _ in questions["declaration"] + questions["description"]] == [
+        "What is the declaration of `xRename()`?", "What does `xRename()` do?"]  # fmt: skip
+    # a name in capitals stays as written; a note that is no sentence is not part of the answer
+    assert questions["section"] == [
+        (
+            "What should I know about \u201cQUERY_STRING\u201d in Virtual Table Methods?",
+            "The variable holds whatever follows the question mark of the requested URL.",
+        )
+    ]
+    # "Module Enhancements" names no module; a "details ..." link after the answer is not part of it; a byte offset
+    # names nothing; prose in a <pre> block declares no function
+    assert questions["definition"] == [("In Virtual Table Methods, what is meant by `mod_proxy`?",
+                                        "The proxy module was completely rewritten for this release.")]  # fmt: skip
+    # the page's own name with its purpose heading a section: the page's overview
+    page = parse_html(PROGRAM_PAGE)
+    pairs, _ = pairs_of(page, " ".join(b.text for s in page.sections for b in s.blocks))
+    assert [(t, q) for t, q in pairs] == [("overview", "Give an overview of `configure`.")]
+    # a French title keeps what follows its colon (the general part comes first there)
+    titles = ["Didacticiel Apache : Contenu dynamique avec CGI - Serveur HTTP Apache"] * 1 + [
+        f"page {i} - Serveur HTTP Apache" for i in range(9)]  # fmt: skip
+    assert clean_title(titles[0], title_noise(titles)) == "Didacticiel Apache : Contenu dynamique avec CGI"

@@ -34,7 +34,7 @@ from pretrain.qa.structure import Page, parse_html, parse_text
 
 log = logging.getLogger("forge.qa")
 
-EXTRACTOR_VERSION = "1"  # bump when the extracted pairs change: it is part of the qa stage's skip key
+EXTRACTOR_VERSION = "2"  # bump when the extracted pairs change: it is part of the qa stage's skip key
 BOILERPLATE_DOCUMENTS = 3  # a long answer found word for word in this many documents is the site's, not the page's
 HELD_OUT = ("val", "test")
 

@@ -22,7 +22,7 @@ What a manual holds, and the question its reader asks about it (qtype, then an e
   faq          a heading or term that is itself a question
   details      the prose of a section named after its subject ("Alias Directive")
                                                   "How does the `Alias` directive work?"
-  section      the prose under any other heading  "What should I know about Unique Indexes in CREATE INDEX?"
+  section      the prose under any other heading  "What should I know about “Unique Indexes” in CREATE INDEX?"
   default, context, module, field              the other labelled fields of a property table
                                                   "What is the default value of the `Alias` directive?"
 
@@ -54,8 +54,13 @@ _SENTENCE_ENDS = (".", "!", "?", ")", '"', "\u201d", "\u00bb")
 _ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "z.B.", "d.h.", "p.ex.", "c.-à-d.", "Ex.", "ex.")
 _NAME_LINE = re.compile(r"^(?P<names>[\w.+:-]+(?:,\s*[\w.+:-]+)*)\s+[-\u2013\u2014]+\s+(?P<purpose>\S.*)$", re.S)
 _DECLARED = re.compile(r"^\s*(?:[A-Za-z_][\w \t*&:<>,]*?[\s*&])?([A-Za-z_]\w*)\s*\(", re.M)
+_FUNCTION_POINTER = re.compile(r"\(\s*\*\s*([A-Za-z_]\w*)\s*\)\s*\(")  # int (*xRename)(sqlite3_vtab*, ...)
+_NOT_DECLARED = {"if", "for", "while", "return", "sizeof", "switch", "void", "int", "char", "long", "short",
+                 "unsigned", "signed", "const", "static", "struct", "double", "float"}  # fmt: skip
 _MAN_SECTION = re.compile(r"\(\d\w*\)")
-_TITLE_SEPARATORS = re.compile(r"\s+[-|\u2013\u2014:]\s+")
+# "git-push(1) - Update remote refs", "mod_alias - Apache HTTP Server": name first, then what it is or the site.
+# Not " : ", the French colon, which puts the general part first ("Didacticiel Apache : Contenu dynamique avec CGI").
+_TITLE_SEPARATORS = re.compile(r"\s+[-|\u2013\u2014]\s+")
 _OPTION = re.compile(r"^[-+]{1,2}[\w?\[]")
 _PLACEHOLDER = re.compile(r"^<[^>]+>(\.\.\.|\u2026)?$")  # <repository>
 _OPTIONS_PLACEHOLDER = re.compile(r"^(\[[^\]]+\]|[A-Z][A-Z0-9_]+)(\.\.\.|\u2026)?$")  # [file], FILE: in OPTIONS
@@ -63,6 +68,7 @@ _FIELD_LABEL = re.compile(r"^[^\W\d_]+(?:[ -][^\W\d_]+){0,3}$")  # "Source File"
 _CODE_CHARS = re.compile(r"[(){}<>\[\]=_@$/\\|]")  # OPT_CALLBACK(short, long, ...), <name>@{upstream}
 _FAQ_NUMBER = re.compile(r"^\(?\d+[.)]\s*")
 _NOT_CODE_MARKUP = re.compile(r"[`*]")
+_MORE_LINK = re.compile(r"(?<=[.!?])\s+[^.!?\s]+(\s[^.!?\s]+)?\s*(\.\.\.|\u2026)$")  # "... request. details ..."
 
 
 def normalize(text: str) -> str:
@@ -109,8 +115,10 @@ def prose_answer(paragraphs: list[str], cleaned: str, sentence: bool = True) -> 
     definition ("use a long listing format") need not."""
     paragraphs = [p for p in paragraphs if normalize(p)]
     for _ in range(LEADING_LABELS):
-        if paragraphs and (words(paragraphs[0]) < MIN_ANSWER_WORDS or normalize(paragraphs[0]).endswith(":")):
-            paragraphs = paragraphs[1:]  # a label ("expr:") or a lead-in to a list
+        first = normalize(paragraphs[0]) if paragraphs else ""
+        note = len(paragraphs) > 1 and not first.endswith(_SENTENCE_ENDS)  # "Available in httpd 2.4.59 and later"
+        if paragraphs and (words(first) < MIN_ANSWER_WORDS or first.endswith(":") or note):
+            paragraphs = paragraphs[1:]  # a label ("expr:"), a lead-in to a list, a note that is no sentence
     kept: list[str] = []
     for para in paragraphs[:2]:
         for piece in sentences(para):
@@ -124,7 +132,7 @@ def prose_answer(paragraphs: list[str], cleaned: str, sentence: bool = True) -> 
 def _finished(kept: list[str], sentence: bool) -> str | None:
     while kept and kept[-1].endswith(":"):
         kept = kept[:-1]  # a lead-in to the list or the code that followed it in the page
-    answer = " ".join(kept)
+    answer = _MORE_LINK.sub("", " ".join(kept))
     if words(answer) < MIN_ANSWER_WORDS or (sentence and not answer.endswith(_SENTENCE_ENDS)):
         return None
     return answer
@@ -182,9 +190,14 @@ def page_subject(page: Page, ctx: Context) -> tuple[str, str | None]:
 
 
 def declared_names(code: str) -> list[str]:
+    """The functions a code block declares, in order: `int f(...)`, and the methods of a struct of function pointers
+    (`int (*xRename)(...)`); never a C keyword or type."""
     names = []
-    for m in _DECLARED.finditer(code):
-        if m.group(1) not in names and m.group(1) not in ("if", "for", "while", "return", "sizeof", "switch"):
+    for line in code.split("\n"):
+        if not line.rstrip().endswith((";", "{", ",", "(", ")")):
+            continue  # a declaration ends its line so; prose in a <pre> block ("When it is resolved (e.g. ...") not
+        m = _FUNCTION_POINTER.search(line) or _DECLARED.match(line)
+        if m and m.group(1) not in names and m.group(1) not in _NOT_DECLARED:
             names.append(m.group(1))
     return names
 
@@ -269,11 +282,14 @@ class _PageExtractor:
         if not prose:
             return
         answer = prose_answer(prose, self.ctx.cleaned)
-        if heading.endswith("?"):
+        if _is_question(heading):
             self.add("faq", _FAQ_NUMBER.sub("", heading), answer, heading)
         elif subject is not None:
             self.add("details", self.ask("details", heading, s=subject), answer, heading)
-        elif not heading or normalize(heading).lower() in (self.title, self.subject.strip("`").lower()):
+        elif not heading or _TITLE_SEPARATORS.split(normalize(heading))[0].lower() in (
+            self.title,
+            self.subject.strip("`").lower(),
+        ):  # the page's own name, maybe with its purpose: "configure - Configure the source tree"
             self.add("overview", self.ask("overview", heading or "top", s=self.subject), answer, heading)
         else:
             shown = display_heading(heading)
@@ -308,11 +324,17 @@ class _PageExtractor:
             return
         if term.endswith(".") and words(term) > 3:
             return  # a sentence set as a term (a list of tasks), not a name a reader asks about
+        if not re.search(r"[^\W\d_]", term):
+            return  # a byte offset ("4..7") or a list number ("6."): the row's description is not about it
         answer = prose_answer([block.text], self.ctx.cleaned, sentence=False)
         bare = term.strip("`'\"")
         command = self.subject.strip("`")
-        if term.endswith("?"):
+        if _is_question(term):
             self.add("faq", _FAQ_NUMBER.sub("", term), answer, heading)
+        elif block.term.strip().endswith(":") and _FIELD_LABEL.match(bare) and words(bare) <= 2 and heading:
+            # a label of a recipe ("Description:", "Solution:"): about the section, not the word
+            shown = f"{display_heading(heading)}: {bare}"
+            self.add("section", self.ask("section", f"{heading}\0{term}", s=subject, h=shown), answer, heading)
         elif _OPTION.match(bare):
             self.add("option", self.ask("option", term, t=option_display(bare), s=subject), answer, heading)
         elif _PLACEHOLDER.match(bare) or (options and _OPTIONS_PLACEHOLDER.match(bare)):
@@ -327,9 +349,15 @@ class _PageExtractor:
             self.add("section", self.ask("section", term, s=subject, h=bare), answer, heading)
 
 
+def _is_question(text: str) -> bool:
+    """A heading or term that is itself the reader's question ("How can I ...? I still want ...")."""
+    return text.endswith("?") or "? " in text
+
+
 def display_heading(heading: str) -> str:
-    """A heading as it reads inside a question: "SECURITY" -> "Security" (man pages shout their section names)."""
-    if heading.isupper() and len(heading) > 4:
+    """A heading as it reads inside a question: "SECURITY" -> "Security" (man pages shout their section names), but
+    a name stays as written ("QUERY_STRING", "HTTP2")."""
+    if heading.isupper() and len(heading) > 4 and re.fullmatch(r"[^\W\d_]+( [^\W\d_]+)*", heading):
         return heading[0] + heading[1:].lower()
     return heading
 

@@ -32,9 +32,9 @@ WORDINGS: dict[str, dict[str, list[str]]] = {
         "definition": ["What does {t} mean in {s}?", "What is {t} in {s}?", "In {s}, what is meant by {t}?"],
         "details": ["How does {s} work?", "What should I know about {s}?", "Tell me more about {s}."],
         "section": [
-            "What does the documentation of {s} say about {h}?",
-            "What should I know about {h} in {s}?",
-            "Explain {h} in {s}.",
+            "What does the documentation of {s} say about “{h}”?",
+            "What should I know about “{h}” in {s}?",
+            "Explain “{h}” in {s}.",
         ],
         "default": ["What is the default value of {s}?", "What is {s} set to by default?"],
         "context": ["Where can {s} be used?", "In which contexts is {s} allowed?"],
@@ -288,6 +288,8 @@ def noun_phrase(heading: str, lang: str) -> str | None:
         return None
     for noun_at, name_at in ((-1, -2), (-2, -1)):  # "Alias Directive"; "Module mod_alias", "Directive Alias"
         noun, name = parts[noun_at].lower(), parts[name_at]
+        if lang == "en" and noun_at == -2 and not looks_like_code(name):
+            continue  # English names after the noun only what is typed ("Module mod_alias"): "Module Enhancements"
         if noun in nouns and name.lower() not in NOT_NAMES and name.lower() not in nouns:
             if lang == "en":
                 return f"the `{name}` {noun}"
