@@ -193,9 +193,9 @@ def test_the_embedded_set_is_the_one_sft_always_had(isolated_runs):
         "describe": 600, "details": 205, "members": 54, "module": 521}  # fmt: skip
 
 
-def forge(*args: str, runs: Path) -> subprocess.CompletedProcess:
+def forge(*args: str, runs: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "FORGE_RUNS_DIR": str(runs)}
-    return subprocess.run([FORGE, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run([FORGE, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def test_the_embedded_set_is_refused_for_any_other_corpus_through_the_cli(manual, isolated_runs):
@@ -275,6 +275,7 @@ def test_the_pipeline_on_a_real_manual_evaluates_its_own_domain(debian_docs, iso
         "--set",
         "registry.model_name=forge-git-smoke",
         runs=isolated_runs,
+        timeout=1800,  # a guard against a hang: the whole lifecycle, on a machine that may be shared
     )
     run = isolated_runs / "git-smoke"
     assert out.returncode == 0 or "pipeline stopped at promote" in out.stderr, out.stderr[-3000:]
@@ -291,3 +292,7 @@ def test_the_pipeline_on_a_real_manual_evaluates_its_own_domain(debian_docs, iso
         assert scored and all(s["source"]["split"] in ("val", "test") for s in scored)
     card = (run / "report.md").read_text()
     assert "## Domain Q&A (forge qa)" in card and "| source | corpus (qa.source=auto) |" in card
+    samples = card.split("## Q&A samples, 10 of each kind")[1].split("\n## ")[0]
+    for kind, n in qa["by_qtype"].items():  # pairs by kind, and 10 samples of each (all of a smaller kind)
+        assert f"| pairs: {kind} | {n['train']} train, {n['held_out']} held-out |" in card
+        assert samples.count(f"\n| {kind} | ") == min(10, n["train"] + n["held_out"]), kind
