@@ -7,7 +7,6 @@ its line number and the reason: invalid JSON, not an object, a missing, empty or
 order. A file with no valid line is a ForgeError naming the file and the first problems.
 
     records, report = read_records(Path("my_pairs.jsonl"))   # report: lines, valid, skipped [{"line", "reason"}]
-    write_jsonl(stage_dir / "qa_train.jsonl", records)
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from forge import ForgeError
-from forge.lineage import atomic_write_text
 
 log = logging.getLogger("forge.qa")
 
@@ -159,7 +157,3 @@ def read_held_out(path: Path, system_prompt: str | None = None) -> list[dict[str
     the conversation up to its answer, after the system prompt SFT trains with."""
     rows, _, _ = read_records(path, setting="the held-out Q&A file", allow_empty=True)
     return [{**r, "messages": conversation(r, system_prompt)[:-1]} for r in rows]
-
-
-def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))

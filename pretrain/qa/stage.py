@@ -23,15 +23,8 @@ import zstandard
 
 from forge import ForgeError, render
 from forge.config import BUILTIN_CORPUS, ForgeConfig
-from forge.lineage import (
-    Stage,
-    atomic_write_json,
-    atomic_write_text,
-    completed_manifest,
-    read_json_object,
-    require_completed,
-    run_stage,
-)
+from forge.io import atomic_write_json, atomic_write_jsonl, atomic_write_text, read_json_object
+from forge.lineage import Stage, completed_manifest, require_completed, run_stage
 from pretrain.qa import builtin, records
 from pretrain.qa.corpus import EXTRACTOR_VERSION, corpus_pairs
 from pretrain.qa.dedup import split_held_out
@@ -209,8 +202,8 @@ def build(stage: Stage, kind: str, path: Path | None) -> dict[str, float]:
     else:
         assert path is not None
         train, held, details = from_file(cfg, path)
-    records.write_jsonl(stage.dir / "qa_train.jsonl", train)
-    records.write_jsonl(stage.dir / "qa_eval.jsonl", held)
+    atomic_write_jsonl(stage.dir / "qa_train.jsonl", train)
+    atomic_write_jsonl(stage.dir / "qa_eval.jsonl", held)
     report = summary(cfg, kind, path, train, held, details)
     atomic_write_json(stage.dir / "report.json", report)
     atomic_write_text(stage.dir / "report.md", markdown(report))
