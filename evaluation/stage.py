@@ -115,8 +115,10 @@ def load_qa(cfg: ForgeConfig, source: Path | str) -> list[dict[str, Any]]:
         return out
     from finetune.qa_builtin import build_split
     from finetune.sft_data import to_messages
+    from pretrain.data.stage import split_ratios
 
-    pretrain = cfg.data.split if BUILTIN_CORPUS in cfg.data.inputs else None
+    # the data stage's own ratios: val and test may have grown past data.split to reach their token minimum
+    pretrain = split_ratios(cfg) if BUILTIN_CORPUS in cfg.data.inputs else None
     _, pairs, _ = build_split(cfg.sft.eval_fraction, pretrain, cfg.data.dedup, cfg.seed)
     keys = ("question", "answer", "object", "kind", "qtype", "pretrain_split")
     return [{**{k: p[k] for k in keys}, "messages": to_messages(p, cfg.sft.system_prompt)[:-1]} for p in pairs]

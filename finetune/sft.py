@@ -171,8 +171,10 @@ def load_data(cfg: ForgeConfig, tokenizer: Any) -> tuple[list[Example], list[dic
 
 def _builtin(cfg: ForgeConfig, tokenizer: Any) -> tuple[list[Example], list[dict[str, Any]], dict[str, Any]]:
     from finetune.qa_builtin import build_split
+    from pretrain.data.stage import split_ratios
 
-    pretrain = cfg.data.split if BUILTIN_CORPUS in cfg.data.inputs else None
+    # the data stage's own ratios: val and test may have grown past data.split to reach their token minimum
+    pretrain = split_ratios(cfg) if BUILTIN_CORPUS in cfg.data.inputs else None
     train_pairs, eval_pairs, report = build_split(cfg.sft.eval_fraction, pretrain, cfg.data.dedup, cfg.seed)
     conversations = [to_messages(p, cfg.sft.system_prompt) for p in train_pairs]
     lengths = rendered_lengths(tokenizer, conversations)
