@@ -68,3 +68,38 @@ def mlflow_server(tmp_path_factory):
     except subprocess.TimeoutExpired:
         proc.kill()
     log.close()
+
+
+@pytest.fixture(scope="session")
+def debian_docs():
+    """`debian_docs(package)` -> the root of that Debian package's files (e.g. `sqlite3-doc`), extracted once.
+
+    Real documentation sets that are not the embedded corpus, never committed: the .deb comes from
+    $FORGE_DEBIAN_DEBS (a directory of downloaded .deb files) when it holds one, else `apt-get download` (Debian's
+    package registry), and is unpacked with `dpkg -x` into a cache that outlives the session
+    ($FORGE_TEST_CACHE, default ~/.cache/forge-tests).
+    """
+    import os
+    import subprocess
+    from pathlib import Path
+
+    cache = Path(os.environ.get("FORGE_TEST_CACHE", Path.home() / ".cache" / "forge-tests")) / "debian"
+
+    def extract(package: str) -> Path:
+        root = cache / package
+        if (root / ".extracted").is_file():
+            return root
+        debs = cache / "debs"
+        debs.mkdir(parents=True, exist_ok=True)
+        given = Path(os.environ.get("FORGE_DEBIAN_DEBS", "/nonexistent"))
+        found = sorted(given.glob(f"{package}_*.deb")) or sorted(debs.glob(f"{package}_*.deb"))
+        if not found:
+            out = subprocess.run(["apt-get", "download", package], cwd=debs, capture_output=True, text=True)
+            found = sorted(debs.glob(f"{package}_*.deb"))
+            if out.returncode != 0 or not found:
+                pytest.fail(f"could not fetch the Debian package {package}: {out.stderr.strip()[-500:]}")
+        subprocess.run(["dpkg", "-x", str(found[-1]), str(root)], check=True)
+        (root / ".extracted").write_text(found[-1].name)
+        return root
+
+    return extract
