@@ -11,6 +11,7 @@ what is allowed.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from pathlib import Path
@@ -37,36 +38,98 @@ class Section(BaseModel):
 # data
 
 
-class QualityConfig(Section):
-    """Document quality heuristics (Gopher quality + repetition, C4, FineWeb). Defaults follow datatrove's.
+# The cleaning profiles: named sets of thresholds, one table. `data.profile` picks one; any setting given explicitly
+# (data.quality.min_words: 10, --set data.min_language_score=0.5) overrides its profile's value.
+#   web:  crawled web pages, the rules as published (datatrove's Gopher, C4 and FineWeb defaults, fastText's 0.65
+#         language score as in FineWeb/RefinedWeb) measured on the whole document; HTML extraction favours
+#         precision (drops more chrome).
+#   docs: curated domain text (manuals, reference pages, legal or medical text, books, any language): the same
+#         rules measured on the prose only (code, listings, option lists and tables set aside), so they mean what
+#         they were fit for; HTML extraction favours recall (keeps definition lists and option tables).
+DATA_PROFILES: dict[str, dict[str, Any]] = {
+    "web": {
+        "html_extraction_favor": "precision",
+        "boilerplate_min_line_words": 3,  # C4: lines of fewer than 3 words are menus and buttons
+        "min_language_score": 0.65,
+        "quality.measure_on": "text",
+        "quality.min_words": 50,
+        "quality.max_words": 100_000,
+        "quality.min_mean_word_length": 3.0,
+        "quality.max_mean_word_length": 10.0,
+        "quality.max_symbol_word_ratio": 0.1,
+        "quality.max_bullet_lines_ratio": 0.9,
+        "quality.max_ellipsis_lines_ratio": 0.3,
+        "quality.min_alpha_words_ratio": 0.8,
+        "quality.min_stop_words": 2,
+        "quality.max_duplicate_lines_ratio": 0.3,
+        "quality.max_duplicate_paragraphs_ratio": 0.3,
+        "quality.max_duplicate_line_chars_ratio": 0.2,
+        "quality.max_duplicate_paragraph_chars_ratio": 0.2,
+        "quality.max_top_ngram_chars_ratio": {2: 0.20, 3: 0.18, 4: 0.16},
+        "quality.max_dup_ngram_chars_ratio": {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10},
+        "quality.c4_min_sentences": 5,
+        "quality.fineweb_min_punct_lines_ratio": 0.12,
+        "quality.fineweb_max_short_lines_ratio": 0.67,
+        "quality.fineweb_max_dup_line_chars_ratio": 0.01,
+        "quality.fineweb_max_newlines_per_word": 0.3,
+    },
+}
+DATA_PROFILES["docs"] = {
+    **DATA_PROFILES["web"],
+    "html_extraction_favor": "recall",
+    # Headings, list items and option names are short lines of real content; recurring chrome is still caught by
+    # the recurring-line rule.
+    "boilerplate_min_line_words": 0,
+    "quality.measure_on": "prose",
+    # Curated reference entries (a constant, a glossary term) are short by design; a page with less prose than
+    # this is a stub, a redirect or navigation.
+    "quality.min_words": 20,
+    "quality.max_words": 1_000_000,  # a book, or a whole manual in one file
+    # List items are how reference pages give options and constants (navigation link lists have no prose at all).
+    "quality.max_bullet_lines_ratio": 1.0,
+    # Reference text is templated (every directive or function described in the same frame): twice Gopher's
+    # shares of repeated n-grams; generated spam repeats far more.
+    "quality.max_dup_ngram_chars_ratio": {5: 0.30, 6: 0.28, 7: 0.26, 8: 0.24, 9: 0.22, 10: 0.20},
+    "quality.c4_min_sentences": 1,  # C4's 5 is a web-page length rule; a short entry states what it needs in one
+    # FineWeb's 1% targets crawl chrome repeated within a page (removed here before, by the recurring-line rule);
+    # a note repeated under each entry of a manual is content.
+    "quality.fineweb_max_dup_line_chars_ratio": 0.1,
+}
 
-    Technical corpora break several of these (braces, short lines, symbols): loosen them here and read the
-    data report to see what each rule removed.
+
+class QualityConfig(Section):
+    """Document quality heuristics (Gopher quality + repetition, C4, FineWeb), see pretrain/data/filters.py.
+
+    Unset values come from `data.profile` (DATA_PROFILES); read the data report's calibration section to see
+    what each rule removed from your corpus and which setting to change.
     """
 
     enabled: bool = True
-    min_words: int = Field(50, ge=0)
-    max_words: int = Field(100_000, ge=1)
-    min_mean_word_length: float = 3.0
-    max_mean_word_length: float = 10.0
-    max_symbol_word_ratio: float = 0.1
-    max_bullet_lines_ratio: float = 0.9
-    max_ellipsis_lines_ratio: float = 0.3
-    min_alpha_words_ratio: float = 0.8
-    min_stop_words: int = 2
-    max_duplicate_lines_ratio: float = 0.3
-    max_duplicate_paragraphs_ratio: float = 0.3
-    max_duplicate_line_chars_ratio: float = 0.2
-    max_duplicate_paragraph_chars_ratio: float = 0.2
-    max_top_ngram_chars_ratio: dict[int, float] = {2: 0.20, 3: 0.18, 4: 0.16}
-    max_dup_ngram_chars_ratio: dict[int, float] = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
+    # What the rules measure: "prose" (lines of running text; code blocks, listings, option lists and table
+    # scaffolding set aside) or "text" (the whole document, as the rules were published).
+    measure_on: Literal["prose", "text"] | None = None
+    min_words: int | None = Field(None, ge=0)
+    max_words: int | None = Field(None, ge=1)
+    min_mean_word_length: float | None = None
+    max_mean_word_length: float | None = None
+    max_symbol_word_ratio: float | None = None
+    max_bullet_lines_ratio: float | None = None
+    max_ellipsis_lines_ratio: float | None = None
+    min_alpha_words_ratio: float | None = None
+    min_stop_words: int | None = None
+    max_duplicate_lines_ratio: float | None = None
+    max_duplicate_paragraphs_ratio: float | None = None
+    max_duplicate_line_chars_ratio: float | None = None
+    max_duplicate_paragraph_chars_ratio: float | None = None
+    max_top_ngram_chars_ratio: dict[int, float] | None = None
+    max_dup_ngram_chars_ratio: dict[int, float] | None = None
     c4_drop_lorem_ipsum: bool = True
     c4_drop_curly_brace: bool = False  # C4 drops docs with "{": wrong for code and technical domains
-    c4_min_sentences: int = 5
-    fineweb_min_punct_lines_ratio: float = 0.12
-    fineweb_max_short_lines_ratio: float = 0.67
-    fineweb_max_dup_line_chars_ratio: float = 0.01
-    fineweb_max_newlines_per_word: float = 0.3
+    c4_min_sentences: int | None = None
+    fineweb_min_punct_lines_ratio: float | None = None
+    fineweb_max_short_lines_ratio: float | None = None
+    fineweb_max_dup_line_chars_ratio: float | None = None
+    fineweb_max_newlines_per_word: float | None = None
 
 
 class DedupConfig(Section):
@@ -92,19 +155,32 @@ class DataConfig(Section):
 
     inputs: list[str] = [BUILTIN_CORPUS]
     text_field: str = "text"  # the text column of .jsonl / .parquet inputs
+    # The cleaning thresholds' defaults (DATA_PROFILES): docs for curated domain text, web for crawled pages.
+    profile: Literal["docs", "web"] = "docs"
+    # Split ratios by a stable hash of the document id. val and test each also get at least min_eval_tokens
+    # (estimated as words x 1.3 on the text as read, before any cleaning) if the ratio gives fewer, up to
+    # max_eval_fraction of the corpus each: see pretrain/data/splits.py.
     split: dict[Literal["train", "val", "test"], float] = {"train": 0.98, "val": 0.01, "test": 0.01}
+    min_eval_tokens: int = Field(30_000, ge=0)
+    max_eval_fraction: float = Field(0.1, gt=0.0, lt=0.5)
     html_extraction: bool = True
+    html_extraction_favor: Literal["precision", "recall"] | None = None  # trafilatura's trade-off; None: profile
     boilerplate: bool = True
     boilerplate_min_doc_fraction: float = Field(0.05, gt=0.0, le=1.0)  # a line in >= this share of docs is boilerplate
     boilerplate_min_docs: int = Field(5, ge=2)
-    # C4/FineWeb drop lines of fewer words than this (menus, buttons, stray labels); 0 keeps short lines, which
-    # headings, list items and code-like lines of technical text need.
-    boilerplate_min_line_words: int = Field(3, ge=0)
+    # Lines of fewer words than this are dropped (C4: menus, buttons, stray labels); 0 keeps short lines, which
+    # headings, list items and code-like lines of curated text need. None: the profile's.
+    boilerplate_min_line_words: int | None = Field(None, ge=0)
     language: bool = True
-    languages: list[str] = ["en"]
-    min_language_score: float = Field(0.65, ge=0.0, le=1.0)
-    quality: QualityConfig = QualityConfig()
-    dedup: DedupConfig = DedupConfig()
+    languages: list[str] = ["en"]  # ISO 639-1 codes as fastText's lid.176 names them (en, de, fr, pt, zh...)
+    min_language_score: float | None = Field(None, ge=0.0, le=1.0)
+    # A document with fewer prose words than this is not judged by the language rule (too little to tell).
+    language_min_words: int = Field(20, ge=1)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
+    # The calibration (pretrain/data/calibrate.py) flags any rule that alone would drop more than this share of
+    # the train split's documents, with examples and the setting to change.
+    calibration_max_drop_share: float = Field(0.1, gt=0.0, le=1.0)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
     date_field: str = "date"
     date_before: str | None = None  # ISO date: keep only documents dated before it
     max_doc_bytes: int = Field(10_000_000, ge=1)
@@ -130,6 +206,16 @@ class DataConfig(Section):
             )
         if min(self.split.values()) <= 0:
             raise ValueError(f"data.split={self.split}: every ratio must be > 0 (val and test must not be empty)")
+        return self
+
+    @model_validator(mode="after")
+    def _profile_fills_unset(self) -> DataConfig:
+        # Written into __dict__ (not assigned) so they stay "unset": changing data.profile later refills them.
+        for dotted, value in DATA_PROFILES[self.profile].items():
+            section, _, name = dotted.rpartition(".")
+            target = self.quality if section == "quality" else self
+            if name not in target.model_fields_set:
+                target.__dict__[name] = copy.deepcopy(value)
         return self
 
 

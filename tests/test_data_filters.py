@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from forge.config import DataConfig, QualityConfig
 from pretrain.data import filters, ingest, stdlib_corpus
 from pretrain.data.filters import Drop
-from pretrain.data.pipeline import split_of
+from pretrain.data.splits import split_of
 
 ENGLISH = (
     "The library keeps a small cache of compiled patterns so that repeated calls stay fast. When the cache is "
@@ -52,44 +53,71 @@ def test_language_detector_uses_the_bundled_model_without_truncation():
 # quality
 
 
+WEB = DataConfig(profile="web").quality  # the rules as published, measured on the whole text
+
+
+def fired(text: str, q: QualityConfig = WEB, lang: str = "en") -> str | None:
+    """The rule that drops `text` (its setting's name), or None when every rule keeps it."""
+    drop = filters.quality_filters(text, q, lang)
+    return None if drop is None else drop.rule
+
+
 def test_gopher_quality_rules():
-    q = QualityConfig()
-    assert filters.gopher_quality(ENGLISH, q) is None
-    assert filters.gopher_quality("Too short to keep.", q).reason.startswith("min_words")
-    mash = " ".join(["qwrtzp"] * 60)
-    assert filters.gopher_quality(mash, q).reason.startswith("stop_words")
-    hashes = ENGLISH + " #tag" * 40
-    assert "symbol_word_ratio" in filters.gopher_quality(hashes, q).reason
-    numbers = " ".join(["12345"] * 30) + " " + ENGLISH
-    assert filters.gopher_quality(numbers, q).reason.startswith("alpha_words_ratio")
+    assert fired(ENGLISH) is None
+    assert fired("Too short to keep.") == "min_words"
+    assert fired(" ".join(["qwrtzp"] * 60)) == "min_stop_words"
+    assert fired(ENGLISH + " #tag" * 40) == "max_symbol_word_ratio"
+    assert fired(" ".join(["12345"] * 30) + " " + ENGLISH) == "min_alpha_words_ratio"
     # per-language stop words: Dutch prose passes with lang="nl", not when judged as English
     dutch = ("de kat en de hond van het huis zijn niet thuis " * 6).strip()
-    assert filters.gopher_quality(dutch, q, lang="nl") is None
-    assert filters.gopher_quality(dutch, q, lang="en").reason.startswith("stop_words")
-    # thresholds come from the config
-    assert filters.gopher_quality("Too short to keep.", QualityConfig(min_words=3, min_stop_words=0)) is None
+    assert (
+        filters.measure(dutch, WEB, "nl")["stop_words"] == 36 and filters.measure(dutch, WEB, "en")["stop_words"] == 0
+    )
+    assert fired(dutch, lang="en") == "min_stop_words"
+    assert math.isnan(filters.measure(dutch, WEB, "eo")["stop_words"])  # no stop-word list: the rule is skipped
+    # thresholds come from the config; an explicit setting wins over the profile's
+    loose = DataConfig(profile="web", quality={"min_words": 3, "min_stop_words": 0}).quality
+    assert fired("Too short to keep.", loose) == "c4_min_sentences"  # the next rule in pipeline order
+    drop = filters.quality_filters("Too short to keep.", WEB, "en")
+    assert (drop.filter, drop.reason, drop.value) == ("gopher_quality", "min_words: 4 < 50", 4.0)
 
 
 def test_gopher_repetition_and_fineweb_rules():
-    q = QualityConfig()
-    assert filters.gopher_repetition(ENGLISH, q) is None
     repeated = "\n".join(["Buy cheap watches online today."] * 10 + [ENGLISH])
-    assert filters.gopher_repetition(repeated, q).filter == "gopher_repetition"
-    spammy = ENGLISH + " " + "click here now " * 40
-    assert filters.gopher_repetition(spammy, q).reason.startswith(("top_", "dup_"))
-    assert filters.fineweb_filter(ENGLISH, q) is None
-    short_lines = "\n".join(["Home", "News", "About us", "Contact", ENGLISH])
-    assert filters.fineweb_filter(short_lines, q).reason.startswith("short_lines_ratio")
+    assert filters.quality_filters(repeated, WEB, "en").filter == "gopher_repetition"
+    assert fired(ENGLISH + " " + "click here now " * 40).startswith(("max_top_ngram", "max_dup_ngram"))
+    assert fired("\n".join(["Home", "News", "About us", "Contact", ENGLISH])) == "fineweb_max_short_lines_ratio"
 
 
 def test_c4_rules():
-    q = QualityConfig()
-    assert filters.c4_filter(ENGLISH, q) is None
-    assert filters.c4_filter(ENGLISH + " Lorem ipsum dolor sit amet.", q).reason == "lorem_ipsum"
-    assert filters.c4_filter("One sentence only. Two.", q).reason.startswith("min_sentences")
+    assert fired(ENGLISH + " Lorem ipsum dolor sit amet.") == "c4_drop_lorem_ipsum"
+    assert filters.measure("One is here. Two are here! Three? no 4 and", WEB)["sentences"] == 3
+    assert fired(ENGLISH.replace(". ", ", ")) == "c4_min_sentences"  # one long sentence
     code = ENGLISH + " Use {key: value} mappings."
-    assert filters.c4_filter(code, q) is None  # braces allowed by default (technical text)
-    assert filters.c4_filter(code, QualityConfig(c4_drop_curly_brace=True)).reason.startswith("curly_brace")
+    assert fired(code) is None  # braces allowed by default (technical text)
+    assert fired(code, DataConfig(profile="web", quality={"c4_drop_curly_brace": True}).quality) == (
+        "c4_drop_curly_brace"
+    )
+
+
+def test_every_rule_is_measured_not_only_the_first_that_fires():
+    values = filters.measure("Too short to keep.", WEB, "en")
+    assert {r.metric for r in filters.rules(WEB)} <= set(values)
+    failing = [r.name for r in filters.rules(WEB) if r.fails(values[r.metric], WEB)]
+    assert failing[:3] == ["min_words", "min_stop_words", "c4_min_sentences"]  # pipeline order
+    assert filters.first_failure(values, WEB).rule == failing[0]
+
+
+def test_profiles_fill_only_what_is_not_set():
+    docs, web = DataConfig(), DataConfig(profile="web")
+    assert docs.profile == "docs" and docs.quality.measure_on == "prose" and web.quality.measure_on == "text"
+    assert (docs.quality.min_words, web.quality.min_words) == (20, 50)
+    assert (docs.min_language_score, docs.html_extraction_favor) == (0.65, "recall")
+    assert web.html_extraction_favor == "precision" and web.boilerplate_min_line_words == 3
+    mine = DataConfig(profile="web", min_language_score=0.4, quality={"min_words": 7})
+    assert (mine.min_language_score, mine.quality.min_words, mine.quality.c4_min_sentences) == (0.4, 7, 5)
+    # the saved config reloads to the same settings
+    assert DataConfig.model_validate(mine.model_dump()) == mine
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -19,12 +19,15 @@ from forge.config import DataConfig, ForgeConfig
 from forge.lineage import Stage
 from pretrain.data import ingest, stage
 from pretrain.data.dedup import jaccard, shingles
-from pretrain.data.pipeline import split_of
+from pretrain.data.splits import split_of
 
 # ----------------------------------------------------------------------------------------------------------------
 # the dirty corpus
 
 SPLIT = {"train": 0.98, "val": 0.01, "test": 0.01}
+# The hash split alone (no token minimum for val and test, which would grow them on a corpus this small), so a test
+# can name a file whose id lands in the split it wants.
+HASH_SPLIT = {"split": SPLIT, "min_eval_tokens": 0}
 
 
 def english_sentences() -> list[str]:
@@ -135,6 +138,11 @@ def build_dirty_corpus(root: Path) -> dict[str, object]:
     near = edit_words(docs[2], edits=2)
     expect["near_pair"] = (docs[2], near)
     dropped[put(name_in("train", "zz_dup_near", ".md", rn), near)] = "near_dedup"
+    # a train document that repeats another's paragraph: the paragraph goes (paragraph dedup), the document stays;
+    # it sorts before the duplicates above, whose removal must not depend on it
+    expect["para_id"] = put(name_in("train", "para", ".txt", rn), f"{docs[3]}\n\n{docs[28]}\n\n{docs[29]}")
+    kept.append(expect["para_id"])
+    expect["para_cut"], expect["para_kept"] = docs[3], docs[28]
     # a val document and its near-duplicate in train: the train copy goes (decontamination)
     val_id = put(name_in("val", "heldout", ".txt", rn), docs[20])
     kept.append(val_id)
@@ -221,7 +229,7 @@ def test_dirty_corpus_lands_where_it_should(dirty):
     root, expect = dirty
     a, b = expect["near_pair"]
     assert jaccard(shingles(a, 5), shingles(b, 5)) >= 0.8  # the controlled edit really is a near-duplicate
-    out = build(DataConfig(inputs=[str(root)], split=SPLIT, workers=2))  # 2 workers: the process pool path
+    out = build(DataConfig(inputs=[str(root)], **HASH_SPLIT, workers=2))  # 2 workers: the process pool path
 
     kept = read_shards(out)
     removed = {r["id"]: r for r in read_removed(out)}
@@ -247,6 +255,8 @@ def test_dirty_corpus_lands_where_it_should(dirty):
     assert expect["html_body"].split("\n")[0][:60] in " ".join(html.split())
     for chrome in ("cookie", "Share on", "Popular posts", "comments", "Privacy policy", "section link"):
         assert chrome.lower() not in html.lower(), chrome
+    para = kept[expect["para_id"]]["text"]
+    assert expect["para_cut"] not in para and expect["para_kept"] in para
     # the recurring footer line is stripped, the documents kept
     for doc_id in expect["footer_docs"]:
         assert FOOTER not in kept[doc_id]["text"] and len(kept[doc_id]["text"].split()) > 50
@@ -262,9 +272,11 @@ def test_dirty_corpus_lands_where_it_should(dirty):
     assert report["raw"]["docs"] == len(kept) + len(removed)
     assert report["kept"]["docs"] == len(kept)
     removed_chars = sum(v["chars"] for v in report["filters"].values())
-    assert report["raw"]["chars"] == report["kept"]["chars"] + removed_chars
+    assert report["raw"]["chars"] == report["markup"]["chars"] + report["kept"]["chars"] + removed_chars
     assert report["filters"]["boilerplate"]["chars"] >= 6 * len(FOOTER)  # partial edits are counted
-    assert report["filters"]["html_extraction"]["chars"] > 1000  # the markup
+    # markup (tags, scripts, styles) is counted apart from the page chrome extraction removed (cookie banner, menu)
+    assert report["markup"]["chars"] > 500 and report["filters"]["html_extraction"]["chars"] > 300
+    assert report["split_plan"]["ratios"] == SPLIT and report["calibration"]["train_docs"] > 20
     assert report["duplicates"]["exact"]["clusters"] >= 1 and report["duplicates"]["near"]["verified_pairs"] >= 2
     assert {s: v["docs"] for s, v in report["splits"].items()} == {
         s: sum(d["split"] == s for d in kept.values()) for s in ("train", "val", "test")
@@ -279,14 +291,21 @@ def test_dirty_corpus_lands_where_it_should(dirty):
 
 
 def test_splits_do_not_move_when_thresholds_change(dirty):
+    """val and test grow to data.min_eval_tokens from the sizes of the documents as read: no cleaning setting (the
+    profile, its extraction mode, a threshold) moves a document, and val and test hold their minimum."""
     root, _ = dirty
     placement = []
-    for min_words, score in ((50, 0.65), (100, 0.9)):
-        data = DataConfig(inputs=[str(root)], split=SPLIT, workers=1, min_language_score=score)
-        data.quality.min_words = min_words
+    for profile, min_words, score in (("docs", 20, 0.65), ("web", 100, 0.9)):
+        data = DataConfig(inputs=[str(root)], profile=profile, min_eval_tokens=150, workers=1,
+                          min_language_score=score, quality={"min_words": min_words})  # fmt: skip
         out = build(data, run_name=f"m{min_words}")
+        report = json.loads((out / "report.json").read_text())
+        plan = report["split_plan"]
+        assert plan["ratios"]["val"] > SPLIT["val"] and plan["ratios"]["test"] > SPLIT["test"]  # grown
+        assert min(plan["assigned_tokens"]["val"], plan["assigned_tokens"]["test"]) >= 150
         where = {i: d["split"] for i, d in read_shards(out).items()}
         where.update({r["id"]: r["split"] for r in read_removed(out) if r["filter"] != "unreadable"})
+        assert all(split_of(i, plan["ratios"]) == s for i, s in where.items())  # the ratios reproduce the split
         placement.append(where)
     first, second = placement
     assert set(first) == set(second)
@@ -394,8 +413,9 @@ def test_builtin_corpus_through_the_cli_finds_duplicates():
 
     start = time.time()
     proc = subprocess.run(
+        # the demo's data settings: they keep the short docstrings, where most copies are
         [sys.executable, "-m", "forge.cli", "data", "--run", "stdlib",
-         "--set", "data.quality.min_words=5", "--set", "data.quality.c4_min_sentences=1"],
+         "--config", str(Path(__file__).resolve().parent.parent / "configs" / "tiny-cpu.yaml")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -404,7 +424,7 @@ def test_builtin_corpus_through_the_cli_finds_duplicates():
 
     report = json.loads((runs_root() / "stdlib" / "data" / "report.json").read_text())
     assert report["raw"]["docs"] > 5000
-    assert report["duplicates"]["exact"]["docs_removed"] > 20
+    assert report["duplicates"]["exact"]["docs_removed"] >= 5 and report["duplicates"]["near"]["docs_removed"] > 20
     assert report["kept"]["docs"] > 1000
     kept = read_shards(runs_root() / "stdlib" / "data")  # asserts the ids are unique
     assert all(i.startswith("python-stdlib:") for i in kept)
@@ -419,14 +439,14 @@ def test_a_record_that_crashes_a_filter_is_dropped_not_the_run(tmp_path, monkeyp
     docs = english_docs(3)
     for i, text in enumerate(docs):
         (root / f"d{i}.txt").write_text(text)
-    real = filters.gopher_quality
+    real = filters.measure
 
     def exploding(text, q, lang="en"):
         if text == docs[1]:
             raise RuntimeError("boom")
         return real(text, q, lang)
 
-    monkeypatch.setattr(filters, "gopher_quality", exploding)
+    monkeypatch.setattr(filters, "measure", exploding)
     out = build(DataConfig(inputs=[str(root)], workers=1, split={"train": 0.98, "val": 0.01, "test": 0.01}))
     assert set(read_shards(out)) == {"crash/d0.txt", "crash/d2.txt"}
     (failed,) = read_removed(out)

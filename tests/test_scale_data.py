@@ -39,7 +39,7 @@ def test_ray_executor_keeps_and_drops_exactly_what_the_local_one_does(tmp_path, 
         (root / f"cluster{k}.txt").write_text(doc)
     config = tmp_path / "run.yaml"
     config.write_text(
-        f"data:\n  inputs: [{json.dumps(str(root))}]\n  split: {json.dumps(SPLIT)}\n"
+        f"data:\n  inputs: [{json.dumps(str(root))}]\n  split: {json.dumps(SPLIT)}\n  min_eval_tokens: 0\n"
         "registry:\n  tracking_uri: sqlite:///" + str(tmp_path / "mlflow.db") + "\n"
     )
 

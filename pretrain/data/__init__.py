@@ -2,9 +2,12 @@
 
 stdlib_corpus.py  the embedded default corpus: stdlib docstrings (parsed with ast, never imported) + pydoc topics
 ingest.py         directory/file reader (.txt .md .rst .html .htm .jsonl[.gz|.zst] .parquet); bad inputs -> skips
-filters.py        per-document rules: HTML extraction, boilerplate lines, metadata, language, Gopher, C4, FineWeb
+filters.py        per-document rules: HTML extraction, boilerplate lines, metadata, the prose view, language, Gopher,
+                  C4, FineWeb (every rule measured, thresholds from data.quality and data.profile)
+splits.py         train/val/test by a stable hash of the id, val and test sized to data.min_eval_tokens
+calibrate.py      every rule measured on the train split; a rule that alone drops a large share is flagged
 dedup.py          exact hash, MinHash + banded LSH (explicit bands x rows), verified Jaccard, union-find, paragraphs
-pipeline.py       the per-record passes as pure functions, the split hash, the process pool
-report.py         removal log (removed.jsonl.zst), report.json / report.md, removed_by_filter.png
-stage.py          `run(cfg)`: ingest -> split -> extract -> clean -> dedup -> shards, through forge.lineage.run_stage
+pipeline.py       the per-record passes as pure functions, the process pool
+report.py         removal log (removed.jsonl.zst), report.json / report.md, removed_by_filter.png, calibration.png
+stage.py          `run(cfg)`: ingest -> extract -> split -> clean -> dedup -> shards, through forge.lineage.run_stage
 """

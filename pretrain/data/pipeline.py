@@ -1,12 +1,14 @@
 """The per-record passes of `forge data`, as pure functions of (record, settings), and the process pool that maps
 them over batches.
 
-  extract_pass: split is already assigned; HTML -> main text; the line hashes the boilerplate counter needs.
-  clean_pass:   boilerplate lines -> metadata -> language -> quality rules -> dedup features (exact hash, LSH keys).
+  extract_pass: HTML -> main text (markup and page chrome counted apart); the line hashes the boilerplate counter
+                needs; the estimated tokens of the text as read, which the split is sized on (splits.py).
+  clean_pass:   the split is assigned (from the id); boilerplate lines -> metadata -> language -> quality rules, all
+                rules measured for the calibration (calibrate.py) -> dedup features (exact hash, LSH keys).
 
-A record is a plain dict {"id", "text", "source", "meta", "format", "split", "raw_chars", "removed": {filter: chars}}
+A record is a plain dict {"id", "text", "source", "meta", "format", "split", "raw_chars", "removed": {step: chars}}
 so these passes could run unchanged on any engine that maps a function over rows. The result of a record is the
-record (edited) or a dropped record that also carries "drop": filter and "reason".
+record (edited) or a dropped record that also carries "drop": filter, "reason", "rule" and "value".
 """
 
 from __future__ import annotations
@@ -19,35 +21,28 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from forge.config import DataConfig
-from pretrain.data import filters
+from pretrain.data import calibrate, filters
 from pretrain.data.dedup import NearDeduper, exact_hash
+from pretrain.data.splits import SPLITS, est_tokens, split_of
 
-SPLITS = ("train", "val", "test")
+__all__ = ["SPLITS", "split_of"]  # split_of is imported from here by the stages that hold documents out
 Record = dict[str, Any]
 
 
-def split_of(doc_id: str, ratios: dict[str, float]) -> str:
-    """train/val/test from a stable hash of the id only: filters and their thresholds never move a document."""
-    u = xxhash.xxh64_intdigest(doc_id.encode(), seed=0x5EED) / 2**64
-    edge = 0.0
-    for split in SPLITS:
-        edge += ratios[split]
-        if u < edge:
-            return split
-    return SPLITS[-1]
-
-
 def _drop(record: Record, drop: filters.Drop) -> Record:
-    return {**record, "drop": drop.filter, "reason": drop.reason}
+    return {**record, "drop": drop.filter, "reason": drop.reason, "rule": drop.rule, "value": drop.value}
 
 
 def _edit(record: Record, step: str, new_text: str) -> Record:
+    return _credit(record, step, len(record["text"]) - len(new_text)) | {"text": new_text}
+
+
+def _credit(record: Record, step: str, chars: int) -> Record:
     removed = dict(record.get("removed", {}))
-    removed[step] = removed.get(step, 0) + len(record["text"]) - len(new_text)
-    return {**record, "text": new_text, "removed": removed}
+    removed[step] = removed.get(step, 0) + chars
+    return {**record, "removed": removed}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -55,16 +50,30 @@ def _edit(record: Record, step: str, new_text: str) -> Record:
 
 
 def extract_record(record: Record, cfg: DataConfig) -> tuple[Record, np.ndarray | None]:
-    """(record or dropped record, its distinct line hashes for the boilerplate counter or None)."""
+    """(record or dropped record, its distinct line hashes for the boilerplate counter or None).
+
+    What HTML extraction takes away is counted in two parts: "markup" (tags, scripts, styles: never content) and
+    "html_extraction" (visible text that is not the main content: navigation, sidebars, footers).
+
+    "est_tokens" is what the split is sized on (splits.py): the text as read, of a page its visible text (markup
+    gone, nothing judged), so no cleaning setting (extraction included) can move a document between splits.
+    """
+    est = est_tokens(record["text"])
     if record.get("format") == "html":
+        html = record["text"]
+        root = filters.parse_html(html)
+        visible = filters.visible_text(root)
+        est = est_tokens(visible)
         if cfg.html_extraction:
-            text = filters.extract_html(record["text"])
-            if isinstance(text, filters.Drop):
-                return _drop(record, text), None
-            record = _edit(record, "html_extraction", text)
+            text = filters.extract_html(root, cfg.html_extraction_favor)
+            if isinstance(text, filters.Drop):  # the visible text is what the user would have wanted kept
+                return _drop(_credit({**record, "text": visible}, "markup", len(html) - len(visible)), text), None
+            chrome = max(len(visible) - len(text), 0)  # rendering adds list markers and fences: never below 0
+            record = _credit(_credit(record, "markup", len(html) - len(text) - chrome), "html_extraction", chrome)
+            record = {**record, "text": text}
         record = {**record, "format": "text"}
     hashes = filters.doc_line_hashes(record["text"]) if cfg.boilerplate else None
-    return record, hashes
+    return {**record, "est_tokens": est}, hashes
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -80,13 +89,17 @@ def clean_record(record: Record, cfg: DataConfig, sketch: filters.LineSketch | N
         record = _edit(record, "boilerplate", text)
     if drop := filters.metadata_filter(record.get("meta", {}), cfg):
         return _drop(record, drop)
-    lang, score = "und", 0.0
+    lang, score, judged = "und", 0.0, 0
     if cfg.language or cfg.quality.enabled:
-        lang, score = filters.detect_language(text)
-        record = {**record, "meta": {**record.get("meta", {}), "lang": lang, "lang_score": round(score, 4)}}
-    if cfg.language and (drop := filters.language_filter(lang, score, cfg)):
-        return _drop(record, drop)
-    if drop := filters.quality_filters(text, cfg.quality, lang):
+        lang, score, judged = filters.judge_language(text, cfg)
+        meta = {**record.get("meta", {}), "lang": lang, "lang_score": round(score, 4), "prose_words": judged}
+        record = {**record, "meta": meta}
+    # Every rule is measured (not only up to the first that fires): the calibration needs each distribution.
+    values = filters.measure(text, cfg.quality, cfg.languages[0] if lang == "und" else lang)
+    values[calibrate.LANGUAGE_METRIC] = calibrate.language_value(lang, score, judged, cfg)
+    record = {**record, "metrics": values}
+    drop = filters.language_filter(lang, score, cfg, judged) if cfg.language else None
+    if drop := drop or filters.first_failure(values, cfg.quality):
         return _drop(record, drop)
     return {**record, "exact_hash": exact_hash(text)}
 

@@ -1,12 +1,15 @@
-"""What `forge data` removed and why: the removal log, report.json, report.md and the bar chart.
+"""What `forge data` removed and why: the removal log, report.json, report.md and the charts.
 
 Characters are attributed to the step that removed them: a dropped document's remaining text to the filter that
-dropped it, partial edits (HTML markup, boilerplate lines, duplicated paragraphs) to their step, so the removed
-characters of all filters plus the kept ones add up to the raw corpus. Tokens are estimated at 4 chars per token.
+dropped it, partial edits (page chrome, boilerplate lines, duplicated paragraphs) to their step. HTML markup (tags,
+scripts, styles) is counted apart: it was never content, so the percentages of what the filters removed are of the
+documents' text (raw characters minus markup), and markup + removed + kept add up to the raw corpus. Tokens are
+estimated as words x 1.3 (splits.py says why).
 """
 
 from __future__ import annotations
 
+import heapq
 import io
 import json
 from collections import Counter
@@ -19,15 +22,12 @@ import zstandard
 from forge import render
 from forge.config import ForgeConfig
 from forge.io import atomic_path, atomic_write_json, atomic_write_text
+from pretrain.data.splits import TOKENS_PER_WORD
 
-CHARS_PER_TOKEN = 4.0
-SAMPLES_PER_FILTER = 5
+LARGEST_PER_RULE = 5
 EXCERPT_CHARS = 300
 LOG_TEXT_CHARS = 2000  # removed.jsonl.zst keeps this much of each removed document's text
-
-
-def est_tokens(chars: int) -> int:
-    return int(round(chars / CHARS_PER_TOKEN))
+MAX_PLOTTED_RULES = 12
 
 
 def cluster_stats(sizes: np.ndarray) -> dict[str, Any]:
@@ -45,13 +45,14 @@ def cluster_stats(sizes: np.ndarray) -> dict[str, Any]:
 
 
 class Stats:
-    """Running counts per filter, a few samples per filter, and the streamed removal log."""
+    """Running counts per filter and rule, the largest dropped documents per rule, and the streamed removal log."""
 
     def __init__(self, filter_names: tuple[str, ...], log_path: Path):
         self.filters = {name: {"docs": 0, "chars": 0, "rules": Counter()} for name in filter_names}
-        self.samples: dict[str, list[dict[str, Any]]] = {name: [] for name in filter_names}
+        self.largest: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}  # rule -> min-heap of the largest
         self.clusters: dict[str, dict[str, Any]] = {}
-        self.raw_docs = self.raw_chars = self.kept_docs = self.kept_chars = 0
+        self.raw_docs = self.raw_chars = self.markup_chars = self.kept_docs = self.kept_chars = 0
+        self._seq = 0
         self._log_path = log_path
         self._log_ctx = atomic_path(log_path)
         tmp = self._log_ctx.__enter__()
@@ -65,18 +66,26 @@ class Stats:
 
     def _credit_edits(self, record: dict[str, Any]) -> None:
         for step, chars in record.get("removed", {}).items():
-            self.filters[step]["chars"] += chars
+            if step == "markup":
+                self.markup_chars += chars
+            else:
+                self.filters[step]["chars"] += chars
 
     def drop(self, record: dict[str, Any], name: str, reason: str) -> None:
         self._credit_edits(record)
         entry = self.filters[name]
         entry["docs"] += 1
         entry["chars"] += len(record["text"])
-        entry["rules"][_rule(name, reason)] += 1
+        rule = record.get("rule") or _rule(name, reason)
+        entry["rules"][rule] += 1
         row = {"id": record["id"], "split": record.get("split"), "source": record.get("source"), "filter": name,
-               "reason": reason, "chars": len(record["text"])}  # fmt: skip
-        if len(self.samples[name]) < SAMPLES_PER_FILTER:
-            self.samples[name].append({**row, "excerpt": record["text"][:EXCERPT_CHARS]})
+               "rule": rule, "reason": reason, "value": record.get("value"), "chars": len(record["text"])}  # fmt: skip
+        if record.get("duplicate_of"):
+            row["duplicate_of"] = record["duplicate_of"]
+        heap = self.largest.setdefault(f"{name}: {rule}", [])
+        self._seq += 1
+        item = (len(record["text"]), -self._seq, {**row, "excerpt": record["text"][:EXCERPT_CHARS]})
+        (heapq.heappush if len(heap) < LARGEST_PER_RULE else heapq.heappushpop)(heap, item)
         self._log.write(json.dumps({**row, "text": record["text"][:LOG_TEXT_CHARS]}, ensure_ascii=False) + "\n")
 
     def keep(self, record: dict[str, Any]) -> None:
@@ -94,62 +103,67 @@ class Stats:
 
 
 def _rule(name: str, reason: str) -> str:
-    """A short key for the rule that fired, for the per-rule breakdown."""
+    """A short key for a rule that did not name itself (dedup, unreadable inputs, boilerplate)."""
     if name in ("exact_dedup", "near_dedup", "decontamination"):
         return "exact copy" if reason.startswith("exact") else "near copy (verified Jaccard)"
-    if name == "language":
-        return reason.split(" ")[0] + (" (low score)" if "score" in reason.split("<")[0] and "<" in reason else "")
     return reason.split(":")[0].split(" (")[0][:60]
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# report.json, report.md, the chart
+# report.json, report.md, the charts
 
 
-def write(out: Path, stats: Stats, splits: dict[str, Any], cfg: ForgeConfig) -> dict[str, float]:
-    raw_chars = max(stats.raw_chars, 1)
+def write(out: Path, stats: Stats, splits: dict[str, Any], cfg: ForgeConfig, split_plan: dict[str, Any],
+          calibration: dict[str, Any]) -> dict[str, float]:  # fmt: skip
+    text_chars = max(stats.raw_chars - stats.markup_chars, 1)
     per_filter = {}
     for name, entry in stats.filters.items():
         per_filter[name] = {
             "docs": entry["docs"],
             "chars": entry["chars"],
-            "est_tokens": est_tokens(entry["chars"]),
             "pct_docs": round(100 * entry["docs"] / max(stats.raw_docs, 1), 2),
-            "pct_chars": round(100 * entry["chars"] / raw_chars, 2),
+            "pct_chars": round(100 * entry["chars"] / text_chars, 2),
             "rules": dict(entry["rules"].most_common()),
         }
     kept_chars = sum(s["chars"] for s in splits.values())
     kept_docs = sum(s["docs"] for s in splits.values())
-    tokens = est_tokens(kept_chars)
+    tokens = sum(s["est_tokens"] for s in splits.values())
+    largest = {rule: [row for _, _, row in sorted(heap, reverse=True)] for rule, heap in stats.largest.items()}
     data = {
         "run": cfg.run_name,
         "inputs": cfg.data.inputs,
-        "raw": {"docs": stats.raw_docs, "chars": stats.raw_chars, "est_tokens": est_tokens(stats.raw_chars)},
-        "kept": {
-            "docs": kept_docs,
-            "chars": kept_chars,
-            "est_tokens": tokens,
-            "pct_chars": round(100 * kept_chars / raw_chars, 2),
-        },  # fmt: skip
-        "removed_pct_chars": round(100 - 100 * kept_chars / raw_chars, 2),
+        "profile": cfg.data.profile,
+        "raw": {"docs": stats.raw_docs, "chars": stats.raw_chars},
+        "markup": {"chars": stats.markup_chars,
+                   "pct_raw_chars": round(100 * stats.markup_chars / max(stats.raw_chars, 1), 2)},
+        "text": {"chars": text_chars},
+        "kept": {"docs": kept_docs, "chars": kept_chars, "est_tokens": tokens,
+                 "pct_text_chars": round(100 * kept_chars / text_chars, 2)},
+        "removed_pct_chars": round(100 - 100 * kept_chars / text_chars, 2),  # of the text: markup is not content
         "filters": per_filter,
         "duplicates": stats.clusters,
         "splits": splits,
+        "split_plan": split_plan,
+        "calibration": calibration,
         "storage": {
             "text_bytes_est": tokens * 4,  # ~4 B of plain text per token (the seeds: 10B tokens ~ 40 GB)
             "token_ids_uint16_bytes": tokens * 2,  # tokenized shards, vocab < 65,536
             "token_ids_uint32_bytes": tokens * 4,
         },
-        "samples": stats.samples,
-        "chars_per_token": CHARS_PER_TOKEN,
-    }
+        "largest_dropped": largest,
+        "tokens_per_word": TOKENS_PER_WORD,
+    }  # fmt: skip
     atomic_write_json(out / "report.json", data)
     atomic_write_text(out / "report.md", markdown(data))
     bar_chart(out / "removed_by_filter.png", data)
+    calibration_chart(out / "calibration.png", calibration)
     metrics: dict[str, float] = {
         "raw_docs": stats.raw_docs, "kept_docs": kept_docs, "removed_pct_chars": data["removed_pct_chars"],
-        "kept_chars": kept_chars, "est_tokens": tokens,
+        "markup_pct_raw_chars": data["markup"]["pct_raw_chars"], "kept_chars": kept_chars, "est_tokens": tokens,
         **{f"{s}_docs": splits[s]["docs"] for s in splits},
+        **{f"{s}_est_tokens": splits[s]["est_tokens"] for s in splits},
+        **{f"split_ratio_{s}": r for s, r in split_plan["ratios"].items()},
+        "calibration_flagged_rules": len(calibration.get("flagged", [])),
         **{f"removed_{k}_docs": v["docs"] for k, v in per_filter.items()},
     }  # fmt: skip
     return metrics
@@ -162,29 +176,64 @@ def _fmt(n: float) -> str:
     return str(int(n))
 
 
+def _cell(text: str, limit: int = 160) -> str:
+    return " ".join(str(text).split())[:limit].replace("|", "\\|")
+
+
 def markdown(data: dict[str, Any]) -> str:
-    raw, kept = data["raw"], data["kept"]
+    raw, kept, markup = data["raw"], data["kept"], data["markup"]
+    plan, cal = data["split_plan"], data["calibration"]
     lines = [
         f"# Data report: {data['run']}",
         "",
-        f"Inputs: {', '.join(map(str, data['inputs']))}",
+        f"Inputs: {', '.join(map(str, data['inputs']))} (profile: {data['profile']})",
         "",
-        f"Raw: {raw['docs']:,} documents, {raw['chars']:,} characters (~{_fmt(raw['est_tokens'])} tokens). "
-        f"Kept: {kept['docs']:,} documents, {kept['chars']:,} characters (~{_fmt(kept['est_tokens'])} tokens), "
-        f"**{data['removed_pct_chars']:.1f}% of the raw characters removed** (web text typically loses 40-60%).",
+        f"Raw: {raw['docs']:,} documents, {raw['chars']:,} characters, of which {markup['chars']:,} "
+        f"({markup['pct_raw_chars']:.1f}%) were HTML markup (tags, scripts, styles: not content, not counted as "
+        f"removed). Text: {data['text']['chars']:,} characters. Kept: {kept['docs']:,} documents, "
+        f"{kept['chars']:,} characters (~{_fmt(kept['est_tokens'])} tokens), **{data['removed_pct_chars']:.1f}% "
+        "of the text removed** by the filters below (web text typically loses 40-60%).",
+    ]
+    if cal.get("flagged"):
+        lines += ["", f"**Calibration warning**: {len(cal['flagged'])} rule(s) alone would drop more than "
+                  f"{100 * cal['max_drop_share']:g}% of the train documents: {', '.join(cal['flagged'])}. "
+                  "See [Calibration](#calibration-each-rule-on-the-train-split)."]  # fmt: skip
+    lines += ["", "## Splits", "",
+              "Assigned from a stable hash of each document id before any cleaning (pretrain/data/splits.py); "
+              f"val and test get at least data.min_eval_tokens={plan['min_eval_tokens']:,} estimated tokens each "
+              f"(words x {data['tokens_per_word']}) or their ratio, whichever is larger, up to "
+              f"data.max_eval_fraction={plan['max_eval_fraction']:g} of the corpus each.", "",
+              "| split | ratio | docs kept | est. tokens assigned (before cleaning) | est. tokens kept | chars kept "
+              "| shards |", "|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for split, s in data["splits"].items():
+        lines.append(f"| {split} | {plan['ratios'][split]:.4f} | {s['docs']:,} | {plan['assigned_tokens'][split]:,} "
+                     f"| {s['est_tokens']:,} | {s['chars']:,} | {len(s['shards'])} |")  # fmt: skip
+    for note in plan["notes"]:
+        lines += ["", f"**Too small for evaluation**: {note}"]
+    lines += [
         "",
         "## Removed, per filter (in pipeline order)",
         "",
-        "Characters are credited to the step that removed them (partial edits included); tokens at "
-        f"{data['chars_per_token']:g} chars/token.",
+        "Characters are credited to the step that removed them (partial edits included); % of the text (markup "
+        "excluded). html_extraction counts visible page chrome (navigation, sidebars, footers) and pages with no "
+        "main content.",
         "",
-        "| filter | docs | % docs | chars | % raw chars | est. tokens | top rules |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| filter | docs | % docs | chars | % text chars | rules (docs) |",
+        "|---|---:|---:|---:|---:|---|",
     ]
     for name, f in data["filters"].items():
         rules = ", ".join(f"{k} ({v})" for k, v in list(f["rules"].items())[:4])
         lines.append(f"| {name} | {f['docs']:,} | {f['pct_docs']:.2f} | {f['chars']:,} | {f['pct_chars']:.2f} | "
-                     f"{_fmt(f['est_tokens'])} | {rules} |")  # fmt: skip
+                     f"{rules} |")  # fmt: skip
+    lines += calibration_markdown(cal)
+    lines += ["", "## Largest dropped documents, per rule", "",
+              "Every removed document, with its reason, is in `removed.jsonl.zst` "
+              '(`zstdcat removed.jsonl.zst | grep \'"filter": "language"\'`).']  # fmt: skip
+    for rule, rows in data["largest_dropped"].items():
+        lines += ["", f"### {rule}", ""]
+        for r in rows:
+            lines.append(f'- `{r["id"]}` ({r["split"]}, {r["chars"]:,} chars): {r["reason"]} -- '
+                         f'"{_cell(r["excerpt"])}"')  # fmt: skip
     lines += ["", "## Duplicates", ""]
     if not data["duplicates"]:
         lines.append("Deduplication was switched off.")
@@ -197,9 +246,6 @@ def markdown(data: dict[str, Any]) -> str:
             f"{c['docs_removed']:,} removed (one kept per cluster); largest {c['largest']}, mean {c['mean_size']}"
             f"{extra}. Sizes: {', '.join(f'{k}x{v}' for k, v in list(c['size_histogram'].items())[:12])}"
         )
-    lines += ["", "## Splits", "", "| split | docs | chars | est. tokens | shards |", "|---|---:|---:|---:|---|"]
-    for split, s in data["splits"].items():
-        lines.append(f"| {split} | {s['docs']:,} | {s['chars']:,} | {_fmt(s['est_tokens'])} | {len(s['shards'])} |")
     st = data["storage"]
     lines += [
         "",
@@ -207,20 +253,40 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         f"~{_fmt(kept['est_tokens'])} tokens: ~{_fmt(st['text_bytes_est'])}B as plain text, "
         f"{_fmt(st['token_ids_uint16_bytes'])}B as uint16 token ids ({_fmt(st['token_ids_uint32_bytes'])}B uint32).",
-        "",
-        "## Samples of removed documents",
-        "",
-        "Every removed document, with its reason, is in `removed.jsonl.zst` "
-        '(`zstdcat removed.jsonl.zst | grep \'"filter": "language"\'`).',
     ]
-    for name, samples in data["samples"].items():
-        if not samples:
-            continue
-        lines += ["", f"### {name}", ""]
-        for s in samples:
-            excerpt = " ".join(s["excerpt"].split())[:160].replace("|", "\\|")
-            lines.append(f'- `{s["id"]}` ({s["split"]}): {s["reason"]} -- "{excerpt}"')
     return "\n".join(lines) + "\n"
+
+
+def calibration_markdown(cal: dict[str, Any]) -> list[str]:
+    lines = ["", "## Calibration: each rule on the train split", ""]
+    if not cal.get("rules"):
+        return lines + ["No rule is switched on."]
+    sampled = "" if cal["train_docs_measured"] == cal["train_docs"] else f" (a sample of {cal['train_docs']:,})"
+    lines += [
+        f"Every rule measured on {cal['train_docs_measured']:,} train documents{sampled}. A rule that alone would "
+        f"drop more than {100 * cal['max_drop_share']:g}% of them is flagged (data.calibration_max_drop_share); "
+        "calibration only warns, it never changes a threshold (pretrain/data/calibrate.py says why).",
+    ]
+    for r in cal["rules"]:
+        if not r["flagged"]:
+            continue
+        lines += ["", f"### FLAGGED: {r['rule']} would drop {r['failing_pct']:.1f}% of train ({r['failing']:,} docs)",
+                  "", f"Threshold {r['setting']} = {r['threshold']}; {r['dropped']:,} train documents were dropped "
+                  f"by it (first rule to fire). To keep 90%: `{r['set']}`. Largest train documents it fails:",
+                  ""]  # fmt: skip
+        if r.get("languages_failing"):
+            lines[-1:-1] = [f"Languages detected on them: {r['languages_failing']} (data.languages lists the "
+                            "languages to keep).", ""]  # fmt: skip
+        for ex in r["examples"]:
+            lines.append(f"- `{ex['id']}` ({ex['chars']:,} chars): value {ex['value']:g}; {ex['dropped_by']}")
+    lines += ["", "| rule | setting | threshold | p5 | p50 | p95 | train docs failing | % | dropped (first) | |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for r in cal["rules"]:
+        q = r["quantiles"]
+        cells = [f"{q[p]:g}" if p in q else "" for p in ("p5", "p50", "p95")]
+        lines.append(f"| {r['rule']} | {r['setting']} | {r['threshold']} | {' | '.join(cells)} | {r['failing']:,} | "
+                     f"{r['failing_pct']:.1f} | {r['dropped']:,} | {'FLAGGED' if r['flagged'] else ''} |")  # fmt: skip
+    return lines
 
 
 def bar_chart(path: Path, data: dict[str, Any]) -> None:
@@ -231,11 +297,36 @@ def bar_chart(path: Path, data: dict[str, Any]) -> None:
     y = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(names) + 1.5))
     ax.barh(y - 0.2, docs, height=0.4, label="% of documents")
-    ax.barh(y + 0.2, chars, height=0.4, label="% of characters")
+    ax.barh(y + 0.2, chars, height=0.4, label="% of text characters")
     ax.set_yticks(y, names)
     ax.invert_yaxis()
-    ax.set_xlabel("% of the raw corpus removed")
-    ax.set_title(f"forge data: removed by filter ({data['removed_pct_chars']:.1f}% of characters in total)")
+    ax.set_xlabel(f"% removed (HTML markup, {data['markup']['pct_raw_chars']:.0f}% of raw characters, not counted)")
+    ax.set_title(f"forge data: removed by filter ({data['removed_pct_chars']:.1f}% of the text in total)")
     ax.legend(loc="lower right")
+    fig.tight_layout()
+    render.save_figure(fig, path)
+
+
+def calibration_chart(path: Path, cal: dict[str, Any]) -> None:
+    """Each rule that fails any train document (flagged ones first): its quantiles and its threshold."""
+    plt = render.pyplot()
+    shown = sorted((r for r in cal.get("rules", []) if r["failing"] and r["quantiles"]),
+                   key=lambda r: (not r["flagged"], -r["failing"]))[:MAX_PLOTTED_RULES]  # fmt: skip
+    cols = 3
+    rows = max(1, -(-len(shown) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 2.4 * rows + 0.8), squeeze=False)
+    for ax in axes.ravel()[len(shown) :]:
+        ax.axis("off")
+    if not shown:
+        axes[0][0].text(0.5, 0.5, "no rule fails any train document", ha="center", va="center")
+    for ax, r in zip(axes.ravel(), shown, strict=False):
+        ps = sorted(r["quantiles"].items(), key=lambda kv: int(kv[0][1:]))
+        ax.plot([v for _, v in ps], [int(k[1:]) for k, _ in ps], marker="o", color="tab:blue")
+        ax.axvline(float(r["threshold"]), color="tab:red", linestyle="--", label="threshold")
+        ax.set_title(f"{r['rule']}: {r['failing_pct']:.1f}% fail" + (" (FLAGGED)" if r["flagged"] else ""),
+                     fontsize=8, color="tab:red" if r["flagged"] else "black")  # fmt: skip
+        ax.set_ylabel("percentile", fontsize=7)
+        ax.tick_params(labelsize=7)
+    fig.suptitle("forge data calibration: each rule's distribution on the train split (red: threshold)")
     fig.tight_layout()
     render.save_figure(fig, path)

@@ -5,9 +5,15 @@
 
 Outputs in runs/<run>/data/:
   <split>-<NNNNN>.parquet  cleaned documents: id, text, source, meta (JSON); one empty shard for an empty split
-  removed.jsonl.zst        every removed document: id, split, source, filter, reason, chars and its text (cut)
-  report.json, report.md   per filter: documents / characters / estimated tokens removed, duplicate clusters,
-  removed_by_filter.png    samples of removed documents, totals per split, storage estimate; the bar chart
+  removed.jsonl.zst        every removed document: id, split, source, filter, rule, reason, value, chars, text (cut)
+  report.json, report.md   the splits (ratios, tokens assigned and kept), per filter and rule what was removed, the
+                           calibration of every rule on the train split (flagged rules with examples and the
+                           setting to change), the largest dropped documents per rule, duplicate clusters, storage
+  removed_by_filter.png    the removal breakdown (markup counted apart, not as removed text)
+  calibration.png          the distribution of each rule that fails train documents, against its threshold
+
+The order: read -> extract (HTML main content; sizes measured) -> split (splits.py: the hash of each id, val/test
+sized in tokens) -> clean (every rule measured for the calibration, then applied) -> dedup -> shards.
 
 Memory stays bounded: records stream through two spill files under `.work/` (deleted at the end); the main process
 keeps ~130 B per document (exact hash, split, 14 LSH keys) plus the n-gram sets of candidate pairs only.
@@ -37,16 +43,9 @@ from tqdm import tqdm
 from forge import ForgeError
 from forge.config import ForgeConfig
 from forge.lineage import Stage, run_stage
-from pretrain.data import dedup, filters, ingest, report
-from pretrain.data.pipeline import (
-    SPLITS,
-    batched,
-    clean_batch,
-    extract_batch,
-    parallel_map,
-    split_of,
-    worker_count,
-)
+from pretrain.data import calibrate, dedup, filters, ingest, report, splits
+from pretrain.data.pipeline import batched, clean_batch, extract_batch, parallel_map, worker_count
+from pretrain.data.splits import SPLITS, split_of
 
 log = logging.getLogger("forge.data")
 
@@ -175,19 +174,28 @@ def build(stage: Stage) -> dict[str, float]:
     stats = report.Stats(filters.FILTERS, out / "removed.jsonl.zst")
     try:
         with executor(cfg, work) as (mapper, find_pairs):
-            extracted, sketch = _extract(cfg, stage.cfg.seed, work, mapper, stats)
-            cleaned, ids, hashes, keys, splits = _clean(cfg, stage.cfg.seed, work, mapper, stats, extracted, sketch)
-            removed = _deduplicate(cfg, cleaned, ids, hashes, keys, splits, stats, find_pairs)
+            extracted, sketch, plan = _extract(cfg, stage.cfg.seed, work, mapper, stats)
+            cal = calibrate.Calibration(cfg, expected_train_docs=round(extracted.rows * plan.ratios["train"]))
+            cleaned, ids, hashes, keys, split_rows = _clean(
+                cfg, stage.cfg.seed, work, mapper, stats, extracted, sketch, plan.ratios, cal
+            )
+            removed = _deduplicate(cfg, cleaned, ids, hashes, keys, split_rows, stats, find_pairs)
         split_totals = _write_splits(cfg, out, cleaned, removed, stats)
     finally:
         stats.close()
         shutil.rmtree(work, ignore_errors=True)
-    summary = report.write(out, stats, split_totals, stage.cfg)
+    calibration = cal.summary()
+    split_plan = {"ratios": plan.ratios, "assigned_tokens": plan.assigned_tokens, "total_tokens": plan.total_tokens,
+                  "min_eval_tokens": cfg.min_eval_tokens, "max_eval_fraction": cfg.max_eval_fraction,
+                  "configured": dict(cfg.split), "notes": plan.notes}  # fmt: skip
+    summary = report.write(out, stats, split_totals, stage.cfg, split_plan, calibration)
+    _warn(calibration, split_plan, split_totals, out)
     kept = sum(t["docs"] for t in split_totals.values())
     log.info(
-        "data: kept %d of %d documents (%.1f%% of the characters removed); train/val/test %s; report: %s",
+        "data: kept %d of %d documents (%.1f%% of the text removed, markup apart); train/val/test %s documents, "
+        "%s est. tokens; report: %s",
         kept, stats.raw_docs, summary["removed_pct_chars"], "/".join(str(split_totals[s]["docs"]) for s in SPLITS),
-        out / "report.md",
+        "/".join(f"{split_totals[s]['est_tokens']:,}" for s in SPLITS), out / "report.md",
     )  # fmt: skip
     if kept == 0:
         raise ForgeError(
@@ -198,18 +206,41 @@ def build(stage: Stage) -> dict[str, float]:
     return summary
 
 
+def _warn(calibration: dict[str, Any], plan: dict[str, Any], totals: dict[str, Any], out: Path) -> None:
+    """The log says what the report flags: a rule that drops a large share, val/test below their minimum."""
+    for rule in calibration["rules"]:
+        if rule["flagged"]:
+            biggest = ", ".join(e["id"] for e in rule["examples"][:3])
+            log.warning(
+                "data: %s alone would drop %.1f%% of the train documents (%d; %s = %s), e.g. %s; to keep 90%%: %s "
+                "(see %s)", rule["rule"], rule["failing_pct"], rule["failing"], rule["setting"], rule["threshold"],
+                biggest, rule["set"], out / "report.md",
+            )  # fmt: skip
+    for note in plan["notes"]:
+        log.warning("data: %s", note)
+    for split in ("val", "test"):
+        if plan["assigned_tokens"][split] >= plan["min_eval_tokens"] > totals[split]["est_tokens"]:
+            log.warning(
+                "data: %s was assigned ~%s est. tokens but holds ~%s after cleaning, below data.min_eval_tokens=%s",
+                split, f"{plan['assigned_tokens'][split]:,}", f"{totals[split]['est_tokens']:,}",
+                f"{plan['min_eval_tokens']:,}",
+            )  # fmt: skip
+
+
+OUTPUT_FILES = ("removed.jsonl.zst", "report.json", "report.md", "removed_by_filter.png", "calibration.png")
+
+
 def _clear_outputs(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for path in out.iterdir():
         if path.is_file() and (
-            re.fullmatch(r"(train|val|test)-\d{5}\.parquet", path.name)
-            or path.name in ("removed.jsonl.zst", "report.json", "report.md", "removed_by_filter.png")
+            re.fullmatch(r"(train|val|test)-\d{5}\.parquet", path.name) or path.name in OUTPUT_FILES
         ):
             path.unlink()
 
 
 def _ingested(cfg, stats: report.Stats) -> Iterator[dict[str, Any]]:
-    """Records with their split, assigned from the id BEFORE any transformation; unreadable inputs logged."""
+    """Records as read; unreadable inputs logged (they never get a split: nothing of them is kept)."""
     for item in ingest.iter_inputs(cfg):
         if "skip" in item:
             skipped = {**item, "split": "-", "text": "", "raw_chars": 0}
@@ -217,12 +248,15 @@ def _ingested(cfg, stats: report.Stats) -> Iterator[dict[str, Any]]:
             stats.drop(skipped, "unreadable", f"{item['skip']}: {item['detail']}")
             continue
         text = item["text"] if item.get("format") == "html" else filters.nfc(item["text"]).strip()
-        yield {**item, "text": text, "split": split_of(item["id"], cfg.split), "raw_chars": len(text)}
+        yield {**item, "text": text, "split": "-", "raw_chars": len(text)}
 
 
 def _extract(cfg, seed: int, work: Path, mapper: Mapper, stats: report.Stats):
+    """Pass 1: extraction, the boilerplate line counts, and the split plan from every document's size."""
     spill = Spill(work / "extracted.parquet")
     sketch = filters.LineSketch() if cfg.boilerplate else None
+    units: list[float] = []
+    tokens: list[int] = []
     records = tqdm(_ingested(cfg, stats), desc="data: read + extract", unit="doc", disable=None)
     for results in mapper(extract_batch, batched(records, BATCH), initargs=(cfg, seed)):
         kept = []
@@ -232,6 +266,8 @@ def _extract(cfg, seed: int, work: Path, mapper: Mapper, stats: report.Stats):
                 stats.drop(record, record["drop"], record["reason"])
                 continue
             kept.append(record)
+            units.append(splits.hash_unit(record["id"]))
+            tokens.append(record["est_tokens"])
             if sketch is not None and line_hashes is not None and len(line_hashes):
                 sketch.add(line_hashes)
         spill.write(kept)
@@ -241,40 +277,44 @@ def _extract(cfg, seed: int, work: Path, mapper: Mapper, stats: report.Stats):
             f"data: no documents found in data.inputs={cfg.inputs}; supported files: "
             ".txt .md .rst .html .htm .jsonl .jsonl.gz .jsonl.zst .parquet"
         )
-    return spill, sketch
+    return spill, sketch, splits.plan_split(np.array(units), np.array(tokens), cfg)
 
 
-def _clean(cfg, seed, work, mapper: Mapper, stats, extracted: Spill, sketch):
+def _clean(cfg, seed, work, mapper: Mapper, stats, extracted: Spill, sketch, ratios: dict[str, float],
+           cal: calibrate.Calibration):  # fmt: skip
+    """Pass 2: each record gets its split (from its id), then the filters; train records feed the calibration."""
     min_docs = max(cfg.boilerplate_min_docs, math.ceil(cfg.boilerplate_min_doc_fraction * extracted.rows))
     initargs = (cfg, seed, sketch.table if sketch is not None else None, min_docs)
     spill = Spill(work / "cleaned.parquet")
     ids: list[str] = []
     hashes: list[int] = []
-    splits: list[int] = []
+    split_rows: list[int] = []
     keys: list[np.ndarray] = []
-    records = tqdm(extracted, total=extracted.rows, desc="data: filter", unit="doc", disable=None)
+    records = ({**r, "split": split_of(r["id"], ratios)} for r in extracted)
+    records = tqdm(records, total=extracted.rows, desc="data: filter", unit="doc", disable=None)
     for results, batch_keys in mapper(clean_batch, batched(records, BATCH), initargs=initargs):
         kept = []
         for record in results:
+            cal.add(record)
             if "drop" in record:
                 stats.drop(record, record["drop"], record["reason"])
                 continue
             kept.append(record)
             ids.append(record["id"])
             hashes.append(record["exact_hash"])
-            splits.append(SPLIT_PRIORITY[record["split"]])
+            split_rows.append(SPLIT_PRIORITY[record["split"]])
         keys.append(batch_keys)
         spill.write(kept)
     spill.close()
     all_keys = np.concatenate(keys) if keys else np.zeros((0, cfg.dedup.bands), dtype=np.uint64)
-    return spill, ids, np.array(hashes, dtype=np.uint64), all_keys, np.array(splits, dtype=np.int64)
+    return spill, ids, np.array(hashes, dtype=np.uint64), all_keys, np.array(split_rows, dtype=np.int64)
 
 
 def _deduplicate(cfg, cleaned: Spill, ids: list[str], hashes, keys, splits, stats,
-                 find_pairs: PairFinder = dedup.candidate_pairs) -> dict[int, tuple[str, str]]:  # fmt: skip
-    """Row of the cleaned spill -> (filter, reason) for every document removed as a duplicate."""
+                 find_pairs: PairFinder = dedup.candidate_pairs) -> dict[int, tuple[str, str, str]]:  # fmt: skip
+    """Row of the cleaned spill -> (filter, reason, kept copy) for every document removed as a duplicate."""
     n = len(hashes)
-    removed: dict[int, tuple[str, str]] = {}
+    removed: dict[int, tuple[str, str, str]] = {}
     if n == 0:
         return removed
     # Without decontamination, copies in different splits are not duplicates of each other.
@@ -320,11 +360,13 @@ def _kept_row_of(labels: np.ndarray, keep: np.ndarray) -> np.ndarray:
     return kept_of_label[labels]
 
 
-def _dup_reason(kind: str, row: int, kept: int, ids: list[str], splits: np.ndarray, what: str) -> tuple[str, str]:
+def _dup_reason(kind: str, row: int, kept: int, ids: list[str], splits: np.ndarray,
+                what: str) -> tuple[str, str, str]:  # fmt: skip
+    """(filter, reason, id of the copy that is kept)."""
     names = {v: k for k, v in SPLIT_PRIORITY.items()}
     if splits[row] != splits[kept]:
-        return "decontamination", f"{what} {ids[kept]} ({names[int(splits[kept])]})"
-    return kind, f"{what} {ids[kept]}"
+        return "decontamination", f"{what} {ids[kept]} ({names[int(splits[kept])]})", ids[kept]
+    return kind, f"{what} {ids[kept]}", ids[kept]
 
 
 def _shingle_sets(cleaned: Spill, rows: np.ndarray, cfg) -> dict[int, np.ndarray]:
@@ -339,31 +381,32 @@ def _shingle_sets(cleaned: Spill, rows: np.ndarray, cfg) -> dict[int, np.ndarray
     return sets
 
 
-def _write_splits(cfg, out: Path, cleaned: Spill, removed: dict[int, tuple[str, str]], stats) -> dict[str, Any]:
+def _write_splits(cfg, out: Path, cleaned: Spill, removed: dict[int, tuple[str, str, str]], stats) -> dict[str, Any]:
     """Paragraph dedup and the shards, test and val first so train loses the paragraphs they hold."""
     paragraphs = dedup.ParagraphDeduper(cfg.dedup.min_paragraph_chars) if cfg.dedup.paragraph else None
     totals: dict[str, Any] = {}
     for split in ("test", "val", "train"):
         writer = ShardWriter(out, split, cfg.shard_docs)
-        docs = chars = 0
+        docs = chars = tokens = 0
         for row, record in enumerate(tqdm(cleaned, total=cleaned.rows, desc=f"data: write {split}", disable=None)):
             if record["split"] != split:
                 continue
             if row in removed:
-                kind, reason = removed[row]
-                stats.drop(record, kind, reason)
+                kind, reason, kept_id = removed[row]
+                stats.drop({**record, "duplicate_of": kept_id}, kind, reason)
                 continue
             if paragraphs is not None:
                 text, cut = paragraphs.apply(record["text"])
                 if not text:
                     stats.drop(record, "paragraph_dedup", "every paragraph already appeared in another document")
                     continue
-                if cut:
-                    record = {**record, "text": text, "removed": {**record["removed"], "paragraph_dedup": cut}}
+                if cut:  # credited by length: rejoining the paragraphs may also normalise the blank lines between
+                    edits = {**record["removed"], "paragraph_dedup": len(record["text"]) - len(text)}
+                    record = {**record, "text": text, "removed": edits}
             stats.keep(record)
             writer.write(record)
             docs += 1
             chars += len(record["text"])
-        totals[split] = {"docs": docs, "chars": chars, "est_tokens": report.est_tokens(chars),
-                         "shards": writer.close()}  # fmt: skip
+            tokens += splits.est_tokens(record["text"])
+        totals[split] = {"docs": docs, "chars": chars, "est_tokens": tokens, "shards": writer.close()}
     return {s: totals[s] for s in SPLITS}
