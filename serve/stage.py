@@ -227,6 +227,7 @@ def bundle_run(cfg: ForgeConfig, force: bool = False, out: Path | None = None) -
     path = root / "gguf" / f"model-{cfg.serve.gguf_type}.gguf"
     if not path.is_file():
         raise ForgeError(f"@production has no {path.name} (serve.gguf_type={cfg.serve.gguf_type})")
+    verify_registry_cache(cfg, root, path.relative_to(root).as_posix())  # the bundle's checksums start from these bytes
     out = Path(out) if out else run_dir(cfg) / "bundle"
     source = {
         "name": cfg.registry.model_name,

@@ -371,7 +371,7 @@ def _promoted(isolated_runs: Path, gguf: Path) -> ForgeConfig:
 def test_serve_defaults_to_production_and_reverifies_the_cache(isolated_runs, gguf_path, monkeypatch):
     """Without --gguf/--bundle the served file is @production's; its cached copy is hashed again on every start."""
     import serve.registry
-    from serve.stage import plan_server
+    from serve.stage import bundle_run, plan_server
 
     cfg = _promoted(isolated_runs, gguf_path)
     backend, info = plan_server(cfg, backend="llamacpp")
@@ -387,6 +387,9 @@ def test_serve_defaults_to_production_and_reverifies_the_cache(isolated_runs, gg
     assert f"refusing to serve {ALIAS} v1" in proc.stderr and "gguf/model-q4_k_m.gguf (sha256 differs)" in proc.stderr
     with pytest.raises(ForgeError, match="sha256 differs"):
         plan_server(cfg, backend="llamacpp")
+    with pytest.raises(ForgeError, match="sha256 differs"):  # nor bundled: the bundle's checksums start from it
+        bundle_run(cfg, out=isolated_runs / "bundle")
+    assert not (isolated_runs / "bundle").exists()
 
     def refused(cfg, name=None):
         raise ForgeError("refusing to serve")
