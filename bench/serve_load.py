@@ -7,16 +7,18 @@ Reports errors, p50/p95 latency (seconds) and generated tokens/s (completion tok
 Refuses any host but loopback.
 
 --side-by-side builds one model (a random-init configs/125m.yaml, as bench/serve_cpu.py does; speed does not depend
-on the weights), quantizes it to Q4_K_M, and serves it in turn with the old server (llama-cpp-python's, one request
-at a time) and the new one (`forge serve`'s: llama-server with --parallel slots behind serve.gateway), each with the
-same 16 requests at concurrency 1 and then 8. It prints aggregate tokens/s and p50/p95 for each, the new server's
-concurrency-8 throughput over its own concurrency-1 throughput (goal >= 2.5x on 2 cores), its p50 against the old
-server's, and how long the sha256 check `forge serve` runs before every start takes on that GGUF.
+on the weights), quantizes it to Q4_K_M, starts the old server (llama-cpp-python's, one request at a time) and the
+new one (`forge serve`'s: llama-server with --parallel slots behind serve.gateway), and sends each the same 16
+requests at concurrency 1 and then 8, the two servers measured in turn at each level. It prints aggregate tokens/s
+and p50/p95 for each, the new server's concurrency-8 throughput over its own concurrency-1 throughput (goal >= 2.5x
+on 2 cores), its p50 against the old server's, and how long the sha256 check `forge serve` runs before every start
+takes on that GGUF.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -114,21 +116,28 @@ def side_by_side(config: str, n: int, levels: list[int], max_tokens: int, parall
         results["gguf_mb"] = round(size_mb, 1)
         results["sha256_s"] = round(hash_s, 3)
         print(f"{config}: Q4_K_M {size_mb:.1f} MB, sha256 in {hash_s:.3f}s ({size_mb / hash_s:,.0f} MB/s)", flush=True)
-        port = _free_port()
-        commands = {
-            "old: llama-cpp-python": llamacpp_python_command(gguf, port, "bench", n_ctx, threads=threads),
-            f"new: llama-server x{parallel}": gateway_command(
-                llama_server_command(gguf, "bench", n_ctx, parallel, threads), port
+        old_port, new_port = _free_port(), _free_port()
+        servers = {
+            "old: llama-cpp-python": Backend(
+                llamacpp_python_command(gguf, old_port, "bench", n_ctx, threads=threads), old_port, "bench",
+                log_path=work / "old.log", ready_timeout=300,
             ),
-        }
-        for name, command in commands.items():
-            with Backend(command, port, "bench", log_path=work / "server.log", ready_timeout=300) as server:
+            f"new: llama-server x{parallel}": Backend(
+                gateway_command(llama_server_command(gguf, "bench", n_ctx, parallel, threads), new_port), new_port,
+                "bench", log_path=work / "new.log", ready_timeout=300,
+            ),
+        }  # fmt: skip
+        # Both up at once, idle but for the one being measured, and measured in turn at each level: on a shared
+        # machine the load drifts, and runs next to each other in time see the same load.
+        with contextlib.ExitStack() as stack:
+            for server in servers.values():
+                stack.enter_context(server)
                 load_test(server.base_url, "bench", n=2, concurrency=1, max_tokens=4)  # warm up
-                runs = {}
-                for c in levels:
-                    runs[c] = load_test(server.base_url, "bench", n=n, concurrency=c, max_tokens=max_tokens)
-                    print(f"{name:<24} c={c}: {runs[c]}", flush=True)
-            results["servers"][name] = runs
+            for c in levels:
+                for name, server in servers.items():
+                    run = load_test(server.base_url, "bench", n=n, concurrency=c, max_tokens=max_tokens)
+                    results["servers"].setdefault(name, {})[c] = run
+                    print(f"{name:<24} c={c}: {run}", flush=True)
     old, new = results["servers"].values()
     lo, hi = min(levels), max(levels)
     scaling = new[hi]["tokens_per_s"] / max(new[lo]["tokens_per_s"], 1e-9)
