@@ -89,7 +89,7 @@ def side_by_side(config: str, n: int, levels: list[int], max_tokens: int, parall
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from serve_cpu import random_model_dir
 
-    from forge.lineage import sha256_file
+    from forge.hashing import sha256_file
     from serve.backends import (
         Backend,
         gateway_command,
