@@ -1,21 +1,27 @@
 # Forge images, one target per role (`make images` builds them; see docker/README.md):
 #   train      data, tokenizer, pretrain, eval, sft, quantize, register/promote: torch and the training stack
-#   serve-cpu  `forge serve` (llama.cpp), `forge chat` (Gradio) and the registry client; no torch
+#   serve-cpu  `forge serve` (llama.cpp's llama-server), `forge chat` (Gradio) and the registry client; no torch
 #   serve-gpu  `forge serve --backend vllm` on a CUDA base image
 #   mlflow     the tracking server and registry (sqlite in the runs volume, or Postgres + S3-compatible storage)
 #
 #   docker build --target serve-cpu -t forge-serve-cpu .
 #   buildah --storage-driver overlay bud --isolation chroot --layers --target train -t forge-train .   # vfs rootless
 #
-# llama.cpp is compiled portable (GGML_NATIVE=OFF: the x86-64 AVX2 baseline, not the build machine's CPU), libraries
-# only (docker/llama-lib-only.cmake leaves out llama.cpp's unused `common`). That still takes many minutes on 2 cores,
-# so the `wheels` stage takes a prebuilt wheel from docker/wheels/ when one with the same version and flags is there
-# (docker/llama-wheel.sh builds it once into a wheelhouse outside the repo) and compiles only otherwise. The compiler
-# never reaches the train or serve-cpu images.
+# llama.cpp is compiled portable (GGML_NATIVE=OFF: not the build machine's CPU), twice from the same pinned source:
+# - the llama-cpp-python bindings (quantize, eval; train image), libraries only (docker/llama-lib-only.cmake leaves
+#   out llama.cpp's unused `common`): the `wheels` stage takes a prebuilt wheel from docker/wheels/ when one with the
+#   same version and flags is there (docker/llama-wheel.sh builds it once into a wheelhouse outside the repo);
+# - llama.cpp's own server, llama-server (serve-cpu image), from the llama.cpp that the same llama-cpp-python sdist
+#   vendors, with every x86-64 CPU variant as a backend loaded at run time (LLAMA_SERVER_CMAKE_ARGS: one image runs
+#   well on AVX2 and AVX-512 hosts): the `llama-server` stage takes it from docker/llama-server/ when its BUILD-INFO
+#   matches (docker/llama-server.sh builds it once into ~/.cache/forge).
+# Each compiles only otherwise (many minutes on 2 cores). The compiler never reaches the train or serve-cpu images.
+# LLAMA_CPP_VERSION is the version pyproject.toml pins (tests/test_images.py checks that they agree).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 ARG GPU_BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
 ARG LLAMA_CPP_VERSION=0.3.36
 ARG LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF"
+ARG LLAMA_SERVER_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_OPENMP=OFF"
 
 # ---- base: python3 in a venv owned by root, an unprivileged user, /app as the working directory.
 # Any Debian-like image with python3 >= 3.10 and its venv module will do (docker/base.sh makes one by debootstrap).
@@ -52,6 +58,29 @@ RUN if grep -qxF "cmake_args=${LLAMA_CMAKE_ARGS}" /wheels/BUILD-INFO 2>/dev/null
         && CMAKE_ARGS="${LLAMA_CMAKE_ARGS} -DCMAKE_PROJECT_INCLUDE=/tmp/llama-lib-only.cmake" pip wheel --no-deps --no-binary llama-cpp-python -w /wheels \
             "llama-cpp-python==${LLAMA_CPP_VERSION}"; \
     fi
+
+# ---- llama-server: llama.cpp's OpenAI server and its libraries in /opt/llama-server. Prebuilt from
+# docker/llama-server/ when its BUILD-INFO matches, else compiled here by the same script.
+FROM base AS llama-server
+ARG LLAMA_CPP_VERSION
+ARG LLAMA_SERVER_CMAKE_ARGS
+ARG PIP_CERT
+COPY docker/llama-server/ /opt/llama-server/
+COPY docker/llama-server.sh /tmp/llama-server.sh
+# The compiler lives only in this stage; any current Debian version of it will do.
+# hadolint ignore=DL3008
+RUN if grep -qxF "cmake_args=${LLAMA_SERVER_CMAKE_ARGS}" /opt/llama-server/BUILD-INFO 2>/dev/null \
+        && grep -qxF "version=${LLAMA_CPP_VERSION}" /opt/llama-server/BUILD-INFO \
+        && [ -x /opt/llama-server/llama-server ]; then \
+        echo "llama-server: prebuilt ($(grep ^built= /opt/llama-server/BUILD-INFO))"; \
+    else \
+        rm -rf /opt/llama-server && apt-get update \
+        && apt-get install -y --no-install-recommends build-essential cmake \
+        && rm -rf /var/lib/apt/lists/* \
+        && FORGE_LLAMA_SERVER_CACHE=/tmp/llama-cache bash /tmp/llama-server.sh /opt/llama-server \
+        && rm -rf /tmp/llama-cache; \
+    fi \
+    && rm -f /opt/llama-server/.gitignore
 
 # ---- src: the package sources, configs and container scripts, gathered once so that each image takes them in one
 # COPY and one RUN.
@@ -99,26 +128,27 @@ COPY --from=src /src /tmp/forge-src
 RUN pip install --no-deps /tmp/forge-src && mv /tmp/forge-src/configs /app/configs && rm -rf /tmp/forge-src
 USER 10001
 
-# ---- serve-cpu: llama.cpp's OpenAI server, the Gradio chat UI, the registry client. No torch, no compiler.
+# ---- serve-cpu: llama.cpp's llama-server, the Gradio chat UI, the registry client. No torch, no compiler, no
+# llama-cpp-python (serving needs only the server binary).
 FROM base AS serve-cpu
 ARG LLAMA_CPP_VERSION
-ARG LLAMA_CMAKE_ARGS
+ARG LLAMA_SERVER_CMAKE_ARGS
 ARG PIP_CERT
 ARG PIP_FIND_LINKS
 VOLUME ["/app/runs"]
 EXPOSE 8080 7860
-# Alive once the server answers HTTP (llama-cpp-python loads the model before it listens); the chat service in
-# compose.yaml points FORGE_HEALTH_URL at the UI instead.
-ENV FORGE_HEALTH_URL=http://127.0.0.1:8080/v1/models
+# Healthy once llama-server has loaded the model (its /health answers 503 while loading, and needs no API key); the
+# chat service in compose.yaml points FORGE_HEALTH_URL at the UI instead.
+ENV FORGE_HEALTH_URL=http://127.0.0.1:8080/health \
+    FORGE_LLAMA_SERVER=/opt/llama-server/llama-server
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/usr/local/bin/healthcheck.py"]
 ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
 CMD ["serve"]
+COPY --from=llama-server /opt/llama-server /opt/llama-server
 COPY docker/requirements-serve.txt docker/requirements-chat.txt /tmp/
-RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
-    echo "llama.cpp: ${LLAMA_CPP_VERSION} ${LLAMA_CMAKE_ARGS}" \
-    && export PIP_FIND_LINKS="/wheels ${PIP_FIND_LINKS:-}" \
-    && pip install "llama-cpp-python[server]==${LLAMA_CPP_VERSION}" \
-        -r /tmp/requirements-serve.txt -r /tmp/requirements-chat.txt \
+RUN echo "llama-server: llama.cpp of llama-cpp-python ${LLAMA_CPP_VERSION}, ${LLAMA_SERVER_CMAKE_ARGS}" \
+    && /opt/llama-server/llama-server --version \
+    && pip install -r /tmp/requirements-serve.txt -r /tmp/requirements-chat.txt \
     && rm /tmp/requirements-serve.txt /tmp/requirements-chat.txt
 # --no-deps: forge's own requirements are the training stack; the serve verbs import only the packages above.
 COPY --from=src /src /tmp/forge-src

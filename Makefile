@@ -18,7 +18,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# llama.cpp's own llama-server (what `forge serve` runs on CPU), compiled once from the llama.cpp that the pinned
+# llama-cpp-python vendors into ~/.cache/forge (FORGE_LLAMA_SERVER_CACHE; docker/llama-server.sh) and linked into the
+# venv as $(BIN)/llama-server; a cache hit is instant, so this re-runs whenever the Dockerfile's pins change.
+LLAMA_SERVER_STAMP := $(VENV)/.llama-server
+
+$(LLAMA_SERVER_STAMP): $(STAMP) Dockerfile docker/llama-server.sh
+	server=$$(PYTHON=$(abspath $(BIN))/python bash docker/llama-server.sh) && ln -sfn "$$server" $(BIN)/llama-server
+	touch $@
+
+install: $(STAMP) $(LLAMA_SERVER_STAMP)
 
 demo: install
 	$(BIN)/forge pipeline --config $(CONFIG)

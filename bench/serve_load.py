@@ -1,18 +1,31 @@
 """A short, bounded load test of an OpenAI-compatible server on loopback: N chat requests, C at a time.
 
     .venv/bin/python bench/serve_load.py --api-base http://127.0.0.1:8080/v1 --model forge-model -n 8 -c 8
+    nice -n 10 .venv/bin/python bench/serve_load.py --side-by-side          # old server against new, one run
 
 Reports errors, p50/p95 latency (seconds) and generated tokens/s (completion tokens over the wall time).
 Refuses any host but loopback.
+
+--side-by-side builds one model (a random-init configs/125m.yaml, as bench/serve_cpu.py does; speed does not depend
+on the weights), quantizes it to Q4_K_M, starts the old server (llama-cpp-python's, one request at a time) and the
+new one (`forge serve`'s: llama-server with --parallel slots behind serve.gateway), and sends each the same 16
+requests at concurrency 1 and then 8, the two servers measured in turn at each level. It prints aggregate tokens/s
+and p50/p95 for each, the new server's concurrency-8 throughput over its own concurrency-1 throughput (goal >= 2.5x
+on 2 cores), its p50 against the old server's, and how long the sha256 check `forge serve` runs before every start
+takes on that GGUF.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
+import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -70,15 +83,112 @@ def load_test(api_base: str, model: str, n: int = 8, concurrency: int = 8, max_t
     }
 
 
+def side_by_side(config: str, n: int, levels: list[int], max_tokens: int, parallel: int, threads: int | None,
+                 n_ctx: int, json_path: Path | None) -> dict[str, Any]:  # fmt: skip
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from serve_cpu import random_model_dir
+
+    from forge.hashing import sha256_file
+    from serve.backends import (
+        Backend,
+        gateway_command,
+        llama_server_command,
+        llamacpp_python_command,
+        serving_threads,
+    )
+    from serve.gguf_export import export_gguf
+    from serve.quantize import quantize_gguf
+
+    threads = serving_threads(threads)
+    results: dict[str, Any] = {"config": config, "requests": n, "max_tokens": max_tokens, "threads": threads,
+                               "parallel": parallel, "n_ctx_per_request": n_ctx, "servers": {}}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="forge-bench-load-") as tmp:
+        work = Path(tmp)
+        f16, gguf = work / "model-f16.gguf", work / "model-q4_k_m.gguf"
+        export_gguf(random_model_dir(config, work / "model"), f16, name="bench")
+        quantize_gguf(f16, gguf, "q4_k_m", threads=threads)
+        f16.unlink()
+        start = time.perf_counter()
+        sha256_file(gguf)
+        hash_s = time.perf_counter() - start
+        size_mb = gguf.stat().st_size / 1e6
+        results["gguf_mb"] = round(size_mb, 1)
+        results["sha256_s"] = round(hash_s, 3)
+        print(f"{config}: Q4_K_M {size_mb:.1f} MB, sha256 in {hash_s:.3f}s ({size_mb / hash_s:,.0f} MB/s)", flush=True)
+        old_port, new_port = _free_port(), _free_port()
+        servers = {
+            "old: llama-cpp-python": Backend(
+                llamacpp_python_command(gguf, old_port, "bench", n_ctx, threads=threads), old_port, "bench",
+                log_path=work / "old.log", ready_timeout=300,
+            ),
+            f"new: llama-server x{parallel}": Backend(
+                gateway_command(llama_server_command(gguf, "bench", n_ctx, parallel, threads), new_port), new_port,
+                "bench", log_path=work / "new.log", ready_timeout=300,
+            ),
+        }  # fmt: skip
+        # Both up at once, idle but for the one being measured, and measured in turn at each level: on a shared
+        # machine the load drifts, and runs next to each other in time see the same load.
+        with contextlib.ExitStack() as stack:
+            for server in servers.values():
+                stack.enter_context(server)
+                load_test(server.base_url, "bench", n=2, concurrency=1, max_tokens=4)  # warm up
+            for c in levels:
+                for name, server in servers.items():
+                    run = load_test(server.base_url, "bench", n=n, concurrency=c, max_tokens=max_tokens)
+                    results["servers"].setdefault(name, {})[c] = run
+                    print(f"{name:<24} c={c}: {run}", flush=True)
+    old, new = results["servers"].values()
+    lo, hi = min(levels), max(levels)
+    scaling = new[hi]["tokens_per_s"] / max(new[lo]["tokens_per_s"], 1e-9)
+    results["goal"] = {
+        f"new_c{hi}_over_new_c{lo}_throughput": round(scaling, 2),
+        f"new_c{hi}_p50_s": new[hi]["p50_s"],
+        f"old_c{hi}_p50_s": old[hi]["p50_s"],
+        "met": scaling >= 2.5 and new[hi]["p50_s"] < old[hi]["p50_s"],
+    }
+    print(f"\n{'server':<24} {'c':>3} {'tokens/s':>9} {'p50 s':>7} {'p95 s':>7} {'errors':>6}")
+    for name, runs in results["servers"].items():
+        for c, r in runs.items():
+            print(f"{name:<24} {c:>3} {r['tokens_per_s']:>9.1f} {r['p50_s']:>7.2f} {r['p95_s']:>7.2f} {r['errors']:>6}")
+    verdict = "met" if results["goal"]["met"] else "NOT met"
+    print(f"new server: c={hi} throughput {scaling:.2f}x its c={lo} (goal >= 2.5x); c={hi} p50 "
+          f"{new[hi]['p50_s']:.2f}s vs old {old[hi]['p50_s']:.2f}s; goal {verdict}")  # fmt: skip
+    if json_path:
+        json_path.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--api-base", default="http://127.0.0.1:8080/v1")
     parser.add_argument("--model", default="forge-model")
-    parser.add_argument("-n", type=int, default=8)
+    parser.add_argument("-n", type=int, default=None, help="requests (default: 8, or 16 with --side-by-side)")
     parser.add_argument("-c", "--concurrency", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=None, help="default: 32, or 64 with --side-by-side")
+    parser.add_argument("--side-by-side", action="store_true", help="old server against new on one model")
+    parser.add_argument("--config", default="configs/125m.yaml", help="--side-by-side: the random-init model shape")
+    parser.add_argument("--levels", default="1,8", help="--side-by-side: the concurrency levels")
+    parser.add_argument("--parallel", type=int, default=8, help="--side-by-side: the new server's slots")
+    parser.add_argument("--threads", type=int, default=None, help="--side-by-side: default every core")
+    parser.add_argument("--n-ctx", type=int, default=512, help="--side-by-side: context per request")
+    parser.add_argument("--json", type=Path, help="--side-by-side: also write the results here")
     args = parser.parse_args()
-    print(json.dumps(load_test(args.api_base, args.model, args.n, args.concurrency, args.max_tokens), indent=2))
+    if args.side_by_side:
+        levels = [int(c) for c in args.levels.split(",")]
+        side_by_side(args.config, args.n or 16, levels, args.max_tokens or 64, args.parallel, args.threads,
+                     args.n_ctx, args.json)  # fmt: skip
+        return
+    report = load_test(args.api_base, args.model, args.n or 8, args.concurrency, args.max_tokens or 32)
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@
 # the kernel mounts it, else vfs (rootless; every layer a full copy).
 # Base image: $BASE_IMAGE, else python:3.11-slim-bookworm; when that cannot be pulled (no Docker Hub), a Debian
 # bookworm + python3 image made by docker/base.sh (debootstrap) from the Debian mirror.
-# llama.cpp: docker/llama-wheel.sh builds the portable wheel once into a wheelhouse outside the repo and copies it to
-# docker/wheels/, so the image build skips the 10-25 minute compile; FORGE_COMPILE_IN_IMAGE=1 compiles in the image.
+# llama.cpp: docker/llama-wheel.sh builds the portable wheel (train) and docker/llama-server.sh the llama-server binary
+# (serve-cpu) once into ~/.cache/forge and copy them to docker/wheels/ and docker/llama-server/, so the image build
+# skips the compiles (many minutes each on 2 cores); FORGE_COMPILE_IN_IMAGE=1 compiles in the image.
 # Behind a TLS-intercepting proxy (pip's $PIP_CERT set) buildah bind-mounts that CA bundle for pip during RUN steps
 # only (never into a layer); a $PIP_FIND_LINKS folder (a local torch wheel) is bind-mounted the same way.
 # Prints one line per image: seconds to build and size; FORGE_IMAGE_REPORT=FILE also writes them as JSON lines.
@@ -55,15 +56,17 @@ if ! have_image "$base" && ! pull "$base"; then
     base=$(ENGINE="$engine" docker/base.sh)
 fi
 
-# The portable llama-cpp-python wheel: prebuilt on this host when its glibc is not newer than the base image's
-# (bookworm: 2.36), else left to the image's `wheels` stage.
-rm -f docker/wheels/*.whl docker/wheels/BUILD-INFO
+# The portable llama-cpp-python wheel (train) and llama-server (serve-cpu): prebuilt on this host when its glibc is not
+# newer than the base image's (bookworm: 2.36), else left to the image's `wheels` and `llama-server` stages.
+rm -f docker/wheels/*.whl docker/wheels/BUILD-INFO docker/llama-server/llama-server docker/llama-server/lib*.so* \
+    docker/llama-server/BUILD-INFO
 glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
 if [ -z "${FORGE_COMPILE_IN_IMAGE:-}" ] && [ -n "$glibc" ] \
     && [ "$(printf '%s\n2.36\n' "$glibc" | sort -V | tail -1)" = 2.36 ]; then
-    docker/llama-wheel.sh docker/wheels >/dev/null
+    case " ${targets[*]} " in *" train "*) docker/llama-wheel.sh docker/wheels >/dev/null ;; esac
+    case " ${targets[*]} " in *" serve-cpu "*) docker/llama-server.sh docker/llama-server >/dev/null ;; esac
 else
-    echo "images: llama.cpp will be compiled inside the image (10-25 min)" >&2
+    echo "images: llama.cpp will be compiled inside the image (many minutes)" >&2
 fi
 
 args=(--build-arg "BASE_IMAGE=$base")

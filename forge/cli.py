@@ -219,7 +219,8 @@ def serve_verb(
     bundle: Annotated[Optional[Path], typer.Option(
         "--bundle", help="Serve a deploy bundle directory (every sha256 is checked first).")] = None,
     backend: Annotated[Optional[str], typer.Option(
-        "--backend", help="auto (vLLM with CUDA, else llama.cpp), llamacpp or vllm (default: serve.backend).")] = None,
+        "--backend", help="auto (vLLM with CUDA, else llama.cpp's llama-server), llamacpp, llama-cpp-python or vllm "
+        "(default: serve.backend).")] = None,
     gguf: Annotated[Optional[Path], typer.Option(
         "--gguf", help="Serve this GGUF file directly instead of @production (bypasses the gate).")] = None,
     port: Annotated[Optional[int], typer.Option("--port", help="Port (default: serve.port).")] = None,

@@ -467,12 +467,20 @@ class RegistryConfig(Section):
 
 
 class ServeConfig(Section):
-    backend: Literal["auto", "llamacpp", "vllm"] = "auto"
+    # llamacpp: llama.cpp's own llama-server; llama-cpp-python: its Python server, one request at a time (kept as a
+    # fallback); vllm: the HF directory on a GPU. auto: vllm where CUDA and vLLM are there, else llamacpp.
+    backend: Literal["auto", "llamacpp", "llama-cpp-python", "vllm"] = "auto"
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     ui_port: int = Field(7860, ge=1, le=65535)
     gguf_type: str = "q4_k_m"
-    n_ctx: int | None = None  # None: the model's context length
+    n_ctx: int | None = None  # per request slot; None: the model's context length
+    # Requests llama-server decodes together (continuous batching); more wait in its queue. On CPU one decode step
+    # reads all the weights once for the whole batch, so throughput grows with the batch until the cores are busy
+    # computing, while each slot costs n_ctx tokens of KV cache and each request's latency grows with the batch
+    # (bench/serve_load.py --side-by-side --parallel N measures both on a host).
+    parallel: int = Field(4, ge=1, le=256)
+    threads: int | None = Field(None, ge=1)  # None: the cores this process may run on
     api_key_env: str = "FORGE_API_KEY"  # the server requires this key when the variable is set
     max_message_chars: int = Field(8000, ge=1)
     max_history_chars: int = Field(32_000, ge=1)

@@ -1,12 +1,19 @@
-"""OpenAI-compatible model servers as supervised subprocesses: llama.cpp (llama-cpp-python's server) on CPU, vLLM on
-GPU. Each backend is started, judged ready only after a REAL chat completion succeeds (vLLM with a bad head dim
-passes /health and fails on the first request), and stopped cleanly (SIGTERM, then SIGKILL).
+"""OpenAI-compatible model servers as supervised subprocesses: llama.cpp's own `llama-server` on CPU (parallel slots
+with continuous batching, /health, /metrics), vLLM on GPU, and llama-cpp-python's server as a fallback (one request
+at a time; what the bench compares against). Each backend is started, judged ready only after a REAL chat
+completion succeeds (vLLM with a bad head dim passes /health and fails on the first request), and stopped cleanly
+(SIGTERM, then SIGKILL).
+
+llama-server is compiled from the llama.cpp that the pinned llama-cpp-python vendors (docker/llama-server.sh;
+`make install` links it into the venv): FORGE_LLAMA_SERVER names another binary. `forge serve` runs it behind
+serve.gateway, which turns the malformed requests llama-server answers with a 500 into 400s.
 
 vLLM pins its own torch and transformers, so it usually lives in a venv of its own: FORGE_VLLM_PYTHON names that
 venv's python (`make test-vllm` builds one), FORGE_VLLM_ARGS adds server flags (on the CPU build:
 `--enforce-eager --dtype float32 --gpu-memory-utilization 0.2`, with VLLM_CPU_KVCACHE_SPACE=1).
 
-    with Backend(llamacpp_command(gguf, port=8080, alias="forge-model"), port=8080, alias="forge-model") as b:
+    cmd = gateway_command(llama_server_command(gguf, alias="forge-model", n_ctx=2048, parallel=4), port=8080)
+    with Backend(cmd, port=8080, alias="forge-model") as b:
         print(b.base_url)   # http://127.0.0.1:8080/v1
 """
 
@@ -15,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,12 +35,15 @@ from forge import ForgeError
 log = logging.getLogger("forge.serve")
 
 
+BACKENDS = ("llamacpp", "llama-cpp-python", "vllm")
+
+
 def select_backend(requested: str = "auto") -> str:
     """`auto`: vllm when CUDA is available and vllm imports, else llamacpp; an explicit choice wins."""
-    if requested in ("llamacpp", "vllm"):
+    if requested in BACKENDS:
         return requested
     if requested != "auto":
-        raise ForgeError(f"--backend {requested!r}: expected auto, llamacpp or vllm")
+        raise ForgeError(f"--backend {requested!r}: expected auto, {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}")
     return "vllm" if _cuda_available() and _vllm_importable() else "llamacpp"
 
 
@@ -72,15 +83,79 @@ def _vllm_importable() -> bool:
     return found.returncode == 0
 
 
-def llamacpp_command(
+LLAMA_SERVER_ENV = "FORGE_LLAMA_SERVER"
+# llama-server reads its key from this variable too: a key in the command line shows in every user's `ps`.
+LLAMA_API_KEY_ENV = "LLAMA_API_KEY"
+
+
+def llama_server_binary() -> str:
+    """$FORGE_LLAMA_SERVER, else `llama-server` beside this python (where `make install` links the build of
+    docker/llama-server.sh), else on PATH (the serve-cpu image)."""
+    path = os.environ.get(LLAMA_SERVER_ENV)
+    if path:
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise ForgeError(f"{LLAMA_SERVER_ENV}={path} is not an executable llama-server")
+        return path
+    found = shutil.which("llama-server", path=str(Path(sys.executable).parent)) or shutil.which("llama-server")
+    if not found:
+        raise ForgeError(
+            "llama-server not found: `make install` builds it (docker/llama-server.sh, cached in ~/.cache/forge) and "
+            f"links it beside {sys.executable}; or set {LLAMA_SERVER_ENV}=PATH, or serve with --backend "
+            "llama-cpp-python"
+        )
+    return found
+
+
+def serving_threads(threads: int | None = None) -> int:
+    """serve.threads, else the cores this process may run on (a container's cpuset, not the host's count)."""
+    return threads or len(os.sched_getaffinity(0)) or 1
+
+
+def llama_server_command(
+    gguf: Path,
+    alias: str,
+    n_ctx: int,
+    parallel: int = 4,
+    threads: int | None = None,
+    binary: str | None = None,
+) -> list[str]:
+    """llama-server with `parallel` slots of n_ctx tokens each, decoded together (continuous batching), without
+    --host/--port (the gateway, or run.sh, adds them). The KV cache is split per slot (-c is the total), so one long
+    conversation cannot take another's room. The chat template is the GGUF's own (tokenizer.chat_template, rendered
+    with jinja); no built-in web UI. The API key goes in the environment (LLAMA_API_KEY_ENV), never in the command
+    line."""
+    return [
+        binary or llama_server_binary(),
+        "--model", str(gguf),
+        "--alias", alias,
+        "--ctx-size", str(n_ctx * parallel),
+        "--parallel", str(parallel),
+        "--no-kv-unified",
+        "--cont-batching",
+        "--threads", str(serving_threads(threads)),
+        "--jinja",
+        "--metrics",
+        "--no-webui",
+    ]  # fmt: skip
+
+
+def gateway_command(server: list[str], port: int, host: str = "127.0.0.1", python: str | None = None) -> list[str]:
+    """serve.gateway on host:port in front of `server` (llama_server_command), which it starts on loopback."""
+    return [python or sys.executable, "-m", "serve.gateway", "--host", host, "--port", str(port), "--", *server]
+
+
+def llamacpp_python_command(
     gguf: Path,
     port: int,
     alias: str,
     n_ctx: int | None = None,
     host: str = "127.0.0.1",
     api_key: str | None = None,
+    threads: int | None = None,
     python: str | None = None,
 ) -> list[str]:
+    """llama-cpp-python's server: one request at a time behind a lock, no /health or /metrics, HTTP 500 for
+    malformed requests. Kept as a fallback (it needs no compiled binary besides the bindings)."""
     cmd = [
         python or sys.executable,
         "-m",
@@ -94,6 +169,7 @@ def llamacpp_command(
         "--model_alias",
         alias,
     ]
+    cmd += ["--n_threads", str(serving_threads(threads))]
     if n_ctx:
         cmd += ["--n_ctx", str(n_ctx)]
     if api_key:

@@ -1,53 +1,53 @@
 """`forge bundle`: a CPU deploy bundle of the production model, as a directory and a tarball.
 
     bundle/
-      model-<type>.gguf   the production GGUF (the only weights: no torch in the image)
+      model-<type>.gguf   the production GGUF (the only weights: no torch, no Python needed to serve it)
+      server/             llama.cpp's llama-server, its libraries and CPU variants, and its BUILD-INFO: the build
+                          `forge serve` runs (docker/llama-server.sh)
       manifest.json       registry name/version/alias it came from, the server and UI settings, sha256 of every file
       SHA256SUMS          the same checksums for `sha256sum -c` (run.sh checks them before serving)
-      run.sh              verify, then start llama-cpp-python's OpenAI server on $HOST:$PORT
-      requirements.txt    llama-cpp-python[server], pinned
-      Dockerfile          a slim Python image with llama-cpp-python only
+      run.sh              verify, then start server/llama-server on $HOST:$PORT with `forge serve`'s flags
+      Dockerfile          a slim Debian image with the bundle as it is: no compiler, no Python
 
-`forge serve --bundle DIR` calls `verify_bundle` first and refuses a bundle whose files changed.
+`forge serve --bundle DIR` calls `verify_bundle` first, refuses a bundle whose files changed, and runs the bundle's
+own (checked) llama-server.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import shutil
 import tarfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from forge import ForgeError
 from forge.config import ServeConfig
 from forge.hashing import sha256_file
 from forge.io import atomic_write_json
+from serve.verify import sha256_problems
 
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2
+SERVER_DIR = "server"
+SERVER = f"{SERVER_DIR}/llama-server"
 
 RUN_SH = """#!/bin/sh
-# Verify every checksum, then serve the model with llama.cpp's OpenAI-compatible server.
-# HOST defaults to 127.0.0.1; set HOST=0.0.0.0 inside a container and {api_key_env} to require an API key.
+# Verify every checksum, then serve the model with llama.cpp's OpenAI-compatible llama-server. HOST defaults to
+# {host}; set HOST=0.0.0.0 inside a container, and {api_key_env} to require an API key (handed to llama-server in
+# its own LLAMA_API_KEY variable, never in the command line). THREADS defaults to the cores this may run on.
 set -eu
 cd "$(dirname "$0")"
 sha256sum -c --quiet SHA256SUMS || {{ echo "refusing to serve: bundle files changed (SHA256SUMS)" >&2; exit 2; }}
-set -- --model {gguf} --host "${{HOST:-127.0.0.1}}" --port "${{PORT:-{port}}}" --n_ctx {n_ctx} --model_alias {alias}
-if [ -n "${{{api_key_env}:-}}" ]; then set -- "$@" --api_key "${{{api_key_env}}}"; fi
-exec "${{PYTHON:-python3}}" -m llama_cpp.server "$@"
+if [ -n "${{{api_key_env}:-}}" ]; then LLAMA_API_KEY="${{{api_key_env}}}"; export LLAMA_API_KEY; fi
+exec {command}
 """
 
-DOCKERFILE = """# A slim CPU image: llama-cpp-python's server and the GGUF, no torch.
-FROM python:3.11-slim
-# The compiler only builds llama.cpp and is purged below: any current Debian version will do.
-# hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends build-essential cmake \\
-    && rm -rf /var/lib/apt/lists/*
-COPY requirements.txt /bundle/requirements.txt
-# GGML_NATIVE=OFF: a portable build instead of one tuned to the build machine's CPU.
-RUN CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --no-cache-dir -r /bundle/requirements.txt \\
-    && apt-get purge -y build-essential cmake && apt-get autoremove -y
+DOCKERFILE = """# The bundle's CPU image: llama-server (built on {built_on}; it needs that glibc or newer, as Debian
+# bookworm has) picks its CPU variant (AVX2, AVX-512...) at start. No compiler, no Python.
+FROM debian:bookworm-slim
 COPY . /bundle
 ENV HOST=0.0.0.0 PORT={port}
 EXPOSE {port}
@@ -56,13 +56,31 @@ CMD ["sh", "/bundle/run.sh"]
 """
 
 
-def _llama_cpp_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+def server_files() -> tuple[Path, dict[str, str]]:
+    """The directory of the llama-server that `forge serve` runs and its BUILD-INFO (docker/llama-server.sh writes
+    both: the binary, its libraries, the CPU variants ggml loads from beside it)."""
+    from serve.backends import llama_server_binary
 
-    try:
-        return version("llama_cpp_python")
-    except PackageNotFoundError:
-        return "0.3.36"
+    home = Path(os.path.realpath(llama_server_binary())).parent
+    info = home / "BUILD-INFO"
+    if not info.is_file():
+        raise ForgeError(
+            f"{info} not found: a bundle carries the llama-server build `forge serve` runs with its libraries, and "
+            f"the one in {home} was not built by docker/llama-server.sh (`make install` builds one)"
+        )
+    return home, dict(line.split("=", 1) for line in info.read_text(encoding="utf-8").splitlines() if "=" in line)
+
+
+def run_command(gguf_name: str, alias: str, serve: ServeConfig, n_ctx: int) -> str:
+    """`forge serve`'s llama-server command line (backends.llama_server_command) as shell words for run.sh: host,
+    port and threads from the environment (HOST, PORT, THREADS), everything else fixed."""
+    from serve.backends import llama_server_command
+
+    cmd = llama_server_command(Path(gguf_name), alias, n_ctx, serve.parallel, 1, SERVER)
+    threads = f'"${{THREADS:-{serve.threads or "$(nproc)"}}}"'
+    pairs = zip(cmd, cmd[1:], strict=False)
+    words = [f"./{SERVER}"] + [threads if prev == "--threads" else shlex.quote(word) for prev, word in pairs]
+    return " ".join([*words, "--host", f'"${{HOST:-{serve.host}}}"', "--port", f'"${{PORT:-{serve.port}}}"'])
 
 
 def build_bundle(
@@ -83,13 +101,15 @@ def build_bundle(
     gguf_name = gguf.name if gguf.name.endswith(".gguf") else "model.gguf"
     shutil.copyfile(gguf, out_dir / gguf_name)
     settings = serve.model_dump(mode="json") | {"n_ctx": n_ctx}
-    (out_dir / "run.sh").write_text(
-        RUN_SH.format(gguf=gguf_name, port=serve.port, n_ctx=n_ctx, alias=alias, api_key_env=serve.api_key_env)
-    )
+    home, build = server_files()
+    (out_dir / SERVER_DIR).mkdir()
+    for path in [home / "llama-server", home / "BUILD-INFO", *sorted(home.glob("lib*.so*"))]:
+        shutil.copy2(path, out_dir / SERVER_DIR / path.name)
+    command = run_command(gguf_name, alias, serve, n_ctx)
+    (out_dir / "run.sh").write_text(RUN_SH.format(command=command, host=serve.host, api_key_env=serve.api_key_env))
     (out_dir / "run.sh").chmod(0o755)
-    (out_dir / "requirements.txt").write_text(f"llama-cpp-python[server]=={_llama_cpp_version()}\nopenai\n")
-    (out_dir / "Dockerfile").write_text(DOCKERFILE.format(port=serve.port))
-    files = {p.name: sha256_file(p) for p in sorted(out_dir.iterdir()) if p.is_file()}
+    (out_dir / "Dockerfile").write_text(DOCKERFILE.format(built_on=build.get("host", "?"), port=serve.port))
+    files = {name: sha256_file(out_dir / name) for name in _bundle_files(out_dir)}
     (out_dir / "SHA256SUMS").write_text("".join(f"{digest}  {name}\n" for name, digest in files.items()))
     files["SHA256SUMS"] = sha256_file(out_dir / "SHA256SUMS")
     manifest = {
@@ -98,6 +118,7 @@ def build_bundle(
         "alias": alias,
         "gguf": gguf_name,
         "serve": settings,
+        "llama_server": {k: build.get(k) for k in ("version", "cmake_args", "built", "host")},
         "files": files,
     }
     atomic_write_json(out_dir / MANIFEST, manifest)
@@ -123,19 +144,24 @@ def verify_bundle(bundle: Path) -> dict[str, Any]:
         gguf_name = manifest["gguf"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ForgeError(f"refusing bundle {bundle}: unreadable {MANIFEST} ({exc})") from None
-    problems = []
-    for name, digest in files.items():
-        path = bundle / name
-        if Path(name).name != name:
-            problems.append(f"{name} (not a plain file name)")
-        elif not path.is_file():
-            problems.append(f"{name} (missing)")
-        elif sha256_file(path) != digest:
-            problems.append(f"{name} (sha256 differs)")
-    extra = sorted(p.name for p in bundle.iterdir() if p.name not in files and p.name != MANIFEST)
+    inside = {name: digest for name, digest in files.items() if _inside(name)}
+    problems = [f"{name} (not a path inside the bundle)" for name in files if name not in inside]
+    problems += sha256_problems(bundle, inside)
+    extra = [name for name in _bundle_files(bundle) if name not in files and name != MANIFEST]
     problems += [f"{name} (not in the manifest)" for name in extra]
     if gguf_name not in files:
         problems.append(f"{gguf_name} (the model is not checksummed)")
     if problems:
         raise ForgeError(f"refusing to serve tampered bundle {bundle}: {'; '.join(problems)}")
     return manifest
+
+
+def _bundle_files(root: Path) -> list[str]:
+    """Every file under root as a relative POSIX path, sorted (the names SHA256SUMS and the manifest use)."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def _inside(name: str) -> bool:
+    """A manifest name that stays inside the bundle: relative, no `..`, no empty or dot parts."""
+    path = PurePosixPath(name)
+    return bool(name) and not path.is_absolute() and all(part not in ("", ".", "..") for part in name.split("/"))

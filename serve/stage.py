@@ -22,7 +22,15 @@ from forge.config import ForgeConfig
 from forge.io import atomic_write_json, read_json_object
 from forge.paths import run_dir
 from models.gguf import check_gguf, context_length
-from serve.backends import Backend, llamacpp_command, select_backend, vllm_command
+from serve.backends import (
+    LLAMA_API_KEY_ENV,
+    Backend,
+    gateway_command,
+    llama_server_command,
+    llamacpp_python_command,
+    select_backend,
+    vllm_command,
+)
 
 log = logging.getLogger("forge.serve")
 
@@ -38,56 +46,36 @@ def plan_server(
     gguf: Path | None = None,
     port: int | None = None,
 ) -> tuple[Backend, dict[str, Any]]:
-    """Decide what to serve and how; returns the (not started) Backend and what it serves."""
+    """Decide what to serve and how; returns the (not started) Backend and what it serves. Every file served is
+    checked first: a GGUF's header, and the sha256 of a bundle's or a registry version's files."""
     s = cfg.serve
     port = port or s.port
-    key = api_key(cfg)
-    chosen = select_backend(backend or s.backend)
+    requested = backend or s.backend
+    chosen = select_backend(requested)
     if bundle is not None:
-        from serve.bundle import verify_bundle
+        from serve.bundle import SERVER, verify_bundle
 
-        if chosen == "vllm" and (backend or s.backend) == "vllm":
+        if chosen == "vllm" and requested == "vllm":
             raise ForgeError("a bundle holds a GGUF for llama.cpp: drop --backend vllm")
         manifest = verify_bundle(Path(bundle))
         path = Path(bundle) / manifest["gguf"]
         n_ctx = s.n_ctx or manifest["serve"].get("n_ctx") or context_length(path)
-        info = {
-            "backend": "llamacpp",
-            "model": str(path),
-            "alias": manifest["alias"],
-            "n_ctx": n_ctx,
-            "source": manifest["source"],
-        }
-        return Backend(
-            llamacpp_command(path, port, manifest["alias"], n_ctx, s.host, key),
-            port,
-            manifest["alias"],
-            s.host,
-            key,
-            _log_path(cfg),
-        ), info
+        binary = str(Path(bundle).resolve() / SERVER)  # the bundle's own llama-server, checked with the rest
+        return _gguf_server(cfg, chosen, path, manifest["alias"], n_ctx, port, manifest["source"], binary)
     if gguf is not None:
         check_gguf(Path(gguf))
         log.warning("serving %s directly: it did not come through the registry gate", gguf)
-        alias = cfg.registry.model_name
-        n_ctx = s.n_ctx or context_length(Path(gguf))
-        info = {
-            "backend": "llamacpp",
-            "model": str(gguf),
-            "alias": alias,
-            "n_ctx": n_ctx,
-            "source": {"file": str(gguf)},
-        }
-        return Backend(
-            llamacpp_command(Path(gguf), port, alias, n_ctx, s.host, key), port, alias, s.host, key, _log_path(cfg)
-        ), info
+        return _gguf_server(cfg, chosen, Path(gguf), cfg.registry.model_name, s.n_ctx, port, {"file": str(gguf)})
     from serve.registry import resolve_production
 
     root = resolve_production(cfg)
     alias = cfg.registry.model_name
-    source = {"name": alias, "alias": "production", "version": root.name.removeprefix("v")}
+    version = root.name.removeprefix("v")
+    source = {"name": alias, "alias": "production", "version": version}
+    key = api_key(cfg)
     if chosen == "vllm":
         model_dir = root / "model"
+        verify_registry_cache(cfg, root, "model")
         info = {"backend": "vllm", "model": str(model_dir), "alias": alias, "source": source}
         return Backend(
             vllm_command(model_dir, port, alias, s.host, key, s.n_ctx),
@@ -102,12 +90,46 @@ def plan_server(
     if not path.is_file():
         have = sorted(p.name for p in (root / "gguf").glob("*.gguf"))
         raise ForgeError(f"{alias}@production has no {path.name} (serve.gguf_type={s.gguf_type}); it has: {have}")
+    verify_registry_cache(cfg, root, path.relative_to(root).as_posix())
     check_gguf(path)
-    n_ctx = s.n_ctx or context_length(path)
-    info = {"backend": "llamacpp", "model": str(path), "alias": alias, "n_ctx": n_ctx, "source": source}
-    return Backend(
-        llamacpp_command(path, port, alias, n_ctx, s.host, key), port, alias, s.host, key, _log_path(cfg)
-    ), info
+    return _gguf_server(cfg, chosen, path, alias, s.n_ctx, port, source)
+
+
+def _gguf_server(
+    cfg: ForgeConfig,
+    chosen: str,
+    path: Path,
+    alias: str,
+    n_ctx: int | None,
+    port: int,
+    source: dict[str, Any],
+    binary: str | None = None,
+) -> tuple[Backend, dict[str, Any]]:
+    """llama-server (or llama-cpp-python's server) for a checked GGUF; n_ctx per slot, default the model's."""
+    s = cfg.serve
+    key = api_key(cfg)
+    n_ctx = n_ctx or context_length(path) or 2048
+    info = {"backend": chosen, "model": str(path), "alias": alias, "n_ctx": n_ctx, "source": source}
+    if chosen == "llama-cpp-python":
+        command, env = llamacpp_python_command(path, port, alias, n_ctx, s.host, key, s.threads), None
+    else:
+        info["backend"] = "llamacpp"  # the vllm default on a machine without CUDA lands here too
+        info["parallel"] = s.parallel
+        server = llama_server_command(path, alias, n_ctx, s.parallel, s.threads, binary)
+        command = gateway_command(server, port, s.host)
+        env = {LLAMA_API_KEY_ENV: key} if key else None
+    return Backend(command, port, alias, s.host, key, _log_path(cfg), env=env), info
+
+
+def verify_registry_cache(cfg: ForgeConfig, root: Path, name: str) -> None:
+    """Check root/name (a GGUF, or the model directory) against the sha256 the registry recorded for it, every time:
+    the cache was checked when it was downloaded, and a file changed on disk after that must not be served."""
+    from forge.tracking import client_for
+    from serve.verify import verify_registry_files
+
+    model, version = cfg.registry.model_name, root.name.removeprefix("v")
+    tags = client_for(cfg).get_model_version(model, version).tags
+    verify_registry_files(root, [name], tags, f"{model} v{version}")
 
 
 def _log_path(cfg: ForgeConfig) -> Path:
@@ -205,6 +227,7 @@ def bundle_run(cfg: ForgeConfig, force: bool = False, out: Path | None = None) -
     path = root / "gguf" / f"model-{cfg.serve.gguf_type}.gguf"
     if not path.is_file():
         raise ForgeError(f"@production has no {path.name} (serve.gguf_type={cfg.serve.gguf_type})")
+    verify_registry_cache(cfg, root, path.relative_to(root).as_posix())  # the bundle's checksums start from these bytes
     out = Path(out) if out else run_dir(cfg) / "bundle"
     source = {
         "name": cfg.registry.model_name,

@@ -1,5 +1,6 @@
-"""`forge bundle` / `forge serve --bundle`: a bundle built from a GGUF, copied elsewhere, verified and served; a
-flipped byte, a missing or an extra file is refused before anything is served, by `forge serve` and by run.sh."""
+"""`forge bundle` / `forge serve --bundle`: a bundle (the GGUF and the llama-server build) built, copied elsewhere,
+verified and served, by `forge serve --bundle` and by its own run.sh; a flipped byte, a missing or an extra file is
+refused before anything is served, by both."""
 
 from __future__ import annotations
 
@@ -37,21 +38,65 @@ def bundle(gguf_path, tmp_path):  # noqa: F811
 def test_bundle_contents(bundle):
     manifest = json.loads((bundle / "manifest.json").read_text())
     names = {p.name for p in bundle.iterdir()}
-    assert names == {"model-f16.gguf", "manifest.json", "SHA256SUMS", "run.sh", "Dockerfile", "requirements.txt"}
-    assert set(manifest["files"]) == names - {"manifest.json"}
+    assert names == {"model-f16.gguf", "manifest.json", "SHA256SUMS", "run.sh", "Dockerfile", "server"}
+    server = {p.name for p in (bundle / "server").iterdir()}
+    # llama-server, its libraries under the names the loader asks for, and one CPU backend per x86-64 level
+    assert {"llama-server", "BUILD-INFO", "libllama.so.0", "libggml.so.0", "libggml-base.so.0"} <= server
+    assert {"libggml-cpu-haswell.so", "libggml-cpu-skylakex.so", "libggml-cpu-x64.so"} <= server
+    assert set(manifest["files"]) == {"model-f16.gguf", "SHA256SUMS", "run.sh", "Dockerfile"} | {
+        f"server/{name}" for name in server
+    }
+    assert manifest["llama_server"]["version"] == "0.3.36"
+    assert "-DGGML_CPU_ALL_VARIANTS=ON" in manifest["llama_server"]["cmake_args"]
     assert manifest["source"]["version"] == "3" and manifest["source"]["alias"] == "production"
     assert manifest["serve"]["host"] == "127.0.0.1" and manifest["serve"]["n_ctx"] == 512
-    assert manifest["serve"]["max_message_chars"] == 8000
+    assert manifest["serve"]["max_message_chars"] == 8000 and manifest["serve"]["parallel"] == 4
     docker = (bundle / "Dockerfile").read_text()
     code = "\n".join(line for line in docker.splitlines() if not line.startswith("#"))
-    assert "FROM python:3.11-slim" in code and "torch" not in code and "requirements.txt" in code
-    assert "torch" not in (bundle / "requirements.txt").read_text()
-    assert "llama-cpp-python[server]==" in (bundle / "requirements.txt").read_text()
-    assert "sha256sum -c" in (bundle / "run.sh").read_text()
+    assert "FROM debian:bookworm-slim" in code and "torch" not in code and "pip" not in code
+    run_sh = (bundle / "run.sh").read_text()
+    assert "sha256sum -c" in run_sh
+    assert "exec ./server/llama-server --model model-f16.gguf --alias forge-tiny --ctx-size 2048 --parallel 4" in run_sh
+    assert '--host "${HOST:-127.0.0.1}" --port "${PORT:-8080}"' in run_sh and "--api-key" not in run_sh
     hadolint = Path(sys.executable).with_name("hadolint")
     if hadolint.exists():
         lint = subprocess.run([str(hadolint), str(bundle / "Dockerfile")], capture_output=True, text=True, timeout=60)
         assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_run_sh_serves_the_bundle_without_python(bundle):
+    """The bundle on its own: run.sh checks every sha256 and starts the bundle's llama-server (no forge, no Python
+    packages), which answers /health and a chat completion, with the API key from the environment."""
+    import time
+    import urllib.request
+
+    from openai import AuthenticationError, OpenAI
+
+    port = free_port()
+    env = {"PATH": "/usr/bin:/bin", "PORT": str(port), "THREADS": "1", "FORGE_API_KEY": "k3y"}
+    proc = subprocess.Popen(["sh", str(bundle / "run.sh")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode(errors="replace")[-2000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                assert time.monotonic() < deadline, "run.sh did not bring up llama-server"
+                time.sleep(0.3)
+        url = f"http://127.0.0.1:{port}/v1"
+        with pytest.raises(AuthenticationError):
+            OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+        resp = OpenAI(base_url=url, api_key="k3y", max_retries=0).chat.completions.create(
+            model=ALIAS, messages=[{"role": "user", "content": "hello"}], max_tokens=4
+        )
+        assert 1 <= resp.usage.completion_tokens <= 4
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stdout.close()
 
 
 def test_copied_bundle_is_verified_and_served(bundle):
@@ -93,7 +138,7 @@ def test_flipped_byte_makes_forge_serve_refuse(bundle):
     assert "model-f16.gguf (sha256 differs)" in proc.stderr
 
 
-@pytest.mark.parametrize("damage", ["missing", "extra", "manifest", "run.sh"])
+@pytest.mark.parametrize("damage", ["missing", "extra", "manifest", "run.sh", "cpu variant", "extra library"])
 def test_other_damage_is_refused(bundle, damage):
     from serve.bundle import verify_bundle
 
@@ -102,6 +147,11 @@ def test_other_damage_is_refused(bundle, damage):
         (bundle / "Dockerfile").unlink()
     elif damage == "extra":
         (bundle / "evil.so").write_bytes(b"x")
+    elif damage == "cpu variant":  # the backend ggml would load on an AVX2 host
+        with open(bundle / "server" / "libggml-cpu-haswell.so", "ab") as fh:
+            fh.write(b"\x00")
+    elif damage == "extra library":  # ggml loads every libggml-cpu-*.so beside the binary
+        (bundle / "server" / "libggml-cpu-evil.so").write_bytes(b"x")
     elif damage == "manifest":
         (bundle / "manifest.json").write_text("{")
     else:

@@ -93,6 +93,16 @@ def test_the_source_stage_copies_every_package_the_project_installs():
     assert {p for p in packages if (ROOT / p).is_dir()} - copied == set()
 
 
+def test_one_pinned_llama_cpp_for_the_bindings_and_the_server():
+    """The Dockerfile's LLAMA_CPP_VERSION (the wheel and the llama.cpp llama-server is built from) is pyproject's pin,
+    and llama-server is portable with every CPU variant loadable at run time."""
+    global_args = dict(re.findall(r'^ARG (\w+)="?([^"\n]*)"?$', "\n".join(stages(DOCKERFILE.read_text())[""]), re.M))
+    pin = re.search(r'"llama-cpp-python\[server\]==([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert global_args["LLAMA_CPP_VERSION"] == pin
+    server_args = set(global_args["LLAMA_SERVER_CMAKE_ARGS"].split())
+    assert {"-DGGML_NATIVE=OFF", "-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON"} <= server_args
+
+
 def test_dockerfile_images_run_as_non_root_with_healthchecks_and_no_secrets():
     found = stages(DOCKERFILE.read_text())
     for target in TARGETS:
@@ -369,16 +379,21 @@ def test_serve_cpu_image_is_small_and_has_no_torch(serve_image):
     size = REPORT["serve-cpu"]["size"]
     assert size_mb(size) < SIZE_GOAL_MB, f"serve-cpu is {size}, over the {SIZE_GOAL_MB} MB goal"
     probe = (
-        "import importlib.util as u, json, llama_cpp, gradio, mlflow, openai, serve.stage, serve.chat_ui, "
+        "import importlib.util as u, json, gradio, mlflow, openai, serve.stage, serve.chat_ui, serve.gateway, "
         "serve.registry, forge.cli; print(json.dumps({'torch': u.find_spec('torch') is not None, "
         "'transformers': u.find_spec('transformers') is not None, 'mlflow': mlflow.__file__, "
-        "'llama_cpp': llama_cpp.__version__, 'uid': __import__('os').getuid()}))"
+        "'llama_cpp': u.find_spec('llama_cpp') is not None, 'uid': __import__('os').getuid()}))"
     )
     out = run_in(serve_image, ["python3", "-c", probe], timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     facts = json.loads(out.stdout.strip().splitlines()[-1])
     assert facts["torch"] is False and facts["transformers"] is False, facts
+    assert facts["llama_cpp"] is False, "serving needs llama-server only, not the Python bindings"
     assert "site-packages" in facts["mlflow"] and facts["uid"] == 10001, facts
+    # llama-server with its CPU variants beside it: ggml picks the best one this host supports at start
+    out = run_in(serve_image, ["sh", "-c", "/opt/llama-server/llama-server --version && ls /opt/llama-server"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert {"libggml-cpu-haswell.so", "libggml-cpu-skylakex.so", "BUILD-INFO"} <= set(out.stdout.split()), out.stdout
 
 
 @images
