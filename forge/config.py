@@ -153,6 +153,13 @@ class TokenizerConfig(Section):
 # model
 
 
+# What the config itself must know of each model family; models/families.py holds the rest of each family's spec.
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "llama": {"activation": "silu", "grouped_query_attention": True},
+    "gpt2": {"activation": "gelu_new", "grouped_query_attention": False},
+}
+
+
 class ModelConfig(Section):
     architecture: Literal["llama", "gpt2"] = "llama"
     vocab_size: int | None = Field(None, ge=1)  # None: the trained tokenizer's size
@@ -171,7 +178,7 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _shapes_fit(self) -> ModelConfig:
         if "activation" not in self.model_fields_set:  # unset: the architecture's own (gpt2 GELU, llama SwiGLU)
-            self.__dict__["activation"] = "gelu_new" if self.architecture == "gpt2" else "silu"
+            self.__dict__["activation"] = ARCHITECTURES[self.architecture]["activation"]
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"model.num_attention_heads={self.num_attention_heads} does not divide "
@@ -179,10 +186,10 @@ class ModelConfig(Section):
             )
         kv = self.num_key_value_heads
         if kv is not None:
-            if self.architecture == "gpt2" and kv != self.num_attention_heads:
+            if not ARCHITECTURES[self.architecture]["grouped_query_attention"] and kv != self.num_attention_heads:
                 raise ValueError(
-                    f"model.num_key_value_heads={kv}: gpt2 has no grouped-query attention; remove the key "
-                    "or use architecture: llama"
+                    f"model.num_key_value_heads={kv}: {self.architecture} has no grouped-query attention; remove "
+                    "the key or use architecture: llama"
                 )
             if self.num_attention_heads % kv:
                 raise ValueError(

@@ -33,10 +33,8 @@ import numpy as np
 
 from forge import ForgeError
 from forge.io import atomic_path
+from models.families import family_of
 
-ARCHITECTURES = ("llama", "gpt2")
-GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast")  # llama.cpp's gpt2 graph: tanh GELU
-GPT2_CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
 SKIPPED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")  # buffers, not weights
 
 
@@ -118,52 +116,6 @@ def vocabulary(tok: dict[str, Any], n_vocab: int) -> tuple[list[str], list[int],
 # writing
 
 
-def _rope_theta(config: Any) -> float:
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise ForgeError(f"rope_type={rope_type!r} is not exported (only plain rotary positions)")
-    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
-    return float(theta if theta is not None else 10_000.0)
-
-
-def _permute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
-    """HF rotary layout (first half / second half of each head) -> llama.cpp's (interleaved pairs)."""
-    rows = w.shape[0]
-    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _hparams(writer: Any, config: Any, arch: str) -> None:
-    writer.add_vocab_size(config.vocab_size)
-    if arch == "llama":
-        if config.hidden_act != "silu":
-            raise ForgeError(f"llama with hidden_act={config.hidden_act!r}: llama.cpp's llama graph is SwiGLU (silu)")
-        if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-            raise ForgeError("llama with biases (attention_bias / mlp_bias) is not exported")
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        writer.add_context_length(config.max_position_embeddings)
-        writer.add_embedding_length(config.hidden_size)
-        writer.add_block_count(config.num_hidden_layers)
-        writer.add_feed_forward_length(config.intermediate_size)
-        writer.add_head_count(config.num_attention_heads)
-        writer.add_head_count_kv(config.num_key_value_heads or config.num_attention_heads)
-        writer.add_rope_dimension_count(head_dim)
-        writer.add_rope_freq_base(_rope_theta(config))
-        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    else:
-        if config.activation_function not in GPT2_ACTIVATIONS:
-            raise ForgeError(
-                f"gpt2 with activation {config.activation_function!r} (model.activation): llama.cpp's gpt2 graph "
-                "uses GELU; build the model with model.activation: gelu_new"
-            )
-        writer.add_context_length(config.n_positions)
-        writer.add_embedding_length(config.n_embd)
-        writer.add_block_count(config.n_layer)
-        writer.add_feed_forward_length(config.n_inner or 4 * config.n_embd)
-        writer.add_head_count(config.n_head)
-        writer.add_layer_norm_eps(config.layer_norm_epsilon)
-
-
 def write_gguf(
     state_dict: Mapping[str, Any],
     config: Any,
@@ -180,9 +132,8 @@ def write_gguf(
 
     if outtype not in ("f16", "f32"):
         raise ForgeError(f"outtype={outtype!r}: the export writes f16 or f32; quantize from the f16 file")
-    arch = config.model_type
-    if arch not in ARCHITECTURES:
-        raise ForgeError(f"model_type={arch!r} is not exported; supported: {', '.join(ARCHITECTURES)}")
+    fam = family_of(config, "GGUF export")
+    arch = fam.name
     tok = read_tokenizer(tokenizer_dir)
     tokens, types, merges, vocab = vocabulary(tok["json"], config.vocab_size)
     tok_config = tok["config"]
@@ -193,12 +144,9 @@ def write_gguf(
             value = value.get("content")
         return vocab.get(value, fallback) if isinstance(value, str) else fallback
 
-    gguf_arch = {"llama": gguf.MODEL_ARCH.LLAMA, "gpt2": gguf.MODEL_ARCH.GPT2}[arch]
-    n_layers = config.num_hidden_layers if arch == "llama" else config.n_layer
-    names = gguf.get_tensor_name_map(gguf_arch, n_layers)
+    gguf_arch = {name: key for key, name in gguf.MODEL_ARCH_NAMES.items()}[arch]
+    names = gguf.get_tensor_name_map(gguf_arch, fam.shape(config)[0])
     tied = bool(getattr(config, "tie_word_embeddings", True))
-    n_head = config.num_attention_heads if arch == "llama" else config.n_head
-    n_kv_head = (getattr(config, "num_key_value_heads", None) or n_head) if arch == "llama" else n_head
 
     out_path = Path(out_path)
     params = 0
@@ -206,7 +154,8 @@ def write_gguf(
     with atomic_path(out_path) as tmp:
         writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf_arch])
         writer.add_name(name or out_path.stem)
-        _hparams(writer, config, arch)
+        writer.add_vocab_size(config.vocab_size)
+        fam.gguf_hparams(writer, config)
         writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if outtype == "f16" else gguf.LlamaFileType.ALL_F32)
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre("gpt-2")
@@ -235,13 +184,7 @@ def write_gguf(
             new_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             if new_name is None:
                 raise ForgeError(f"tensor {hf_name!r} has no GGUF name for {arch}: not exported")
-            data = state_dict[hf_name].detach().to("cpu").float().numpy()
-            if arch == "llama" and hf_name.endswith("self_attn.q_proj.weight"):
-                data = _permute_rotary(data, n_head)
-            elif arch == "llama" and hf_name.endswith("self_attn.k_proj.weight"):
-                data = _permute_rotary(data, n_kv_head)
-            elif arch == "gpt2" and hf_name.endswith(GPT2_CONV1D):
-                data = data.T
+            data = fam.gguf_tensor(hf_name, state_dict[hf_name].detach().to("cpu").float().numpy(), config)
             data = np.ascontiguousarray(data, dtype=np.float16 if outtype == "f16" and data.ndim > 1 else np.float32)
             writer.add_tensor(new_name, data)
             params += data.size
