@@ -13,12 +13,23 @@ from __future__ import annotations
 from typing import Any
 
 from forge import ForgeError
-from forge.config import ModelConfig
+from forge.config import ForgeConfig, ModelConfig
 from models.families import QUANT_BLOCK, family
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 GOOD_HEAD_DIMS = (64, 128)  # what fused attention kernels and most inference engines are tuned for
+
+
+def model_config(cfg: ForgeConfig) -> ModelConfig:
+    """The shape the run trains: `cfg.model`, or with model.init_from the base's, read from its config.json (or
+    the GGUF's metadata), with model.context_length as the training window when it is below the base's own."""
+    if cfg.model.init_from is None:
+        return cfg.model
+    from models.base import open_base
+
+    window = cfg.model.context_length if "context_length" in cfg.model.model_fields_set else None
+    return open_base(cfg.model.init_from).model_config(window)
 
 
 def resolve_vocab(model_cfg: ModelConfig, vocab_size: int | None = None) -> int:

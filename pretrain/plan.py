@@ -52,7 +52,7 @@ from forge.paths import run_dir
 from models.families import family
 from pretrain.hardware import GIB, Hardware, hardware_profile
 from pretrain.hardware import flops_per_token as training_flops_per_token
-from pretrain.model import count_parameters, parameter_breakdown, validate
+from pretrain.model import count_parameters, model_config, parameter_breakdown, validate
 
 GB = 1e9
 TEXT_BYTES_PER_TOKEN = 4.0  # the usual rule of thumb for English text with a BPE tokenizer (~4 characters a token)
@@ -175,10 +175,11 @@ def corpus_tokens(cfg: ForgeConfig) -> tuple[int | None, int | None, str]:
 
 def estimate(cfg: ForgeConfig, hardware: str | None = None, attention: str = "sdpa") -> dict[str, Any]:
     """The whole plan as a JSON-ready dict (sizes in bytes, times in seconds)."""
-    m, t, p = cfg.model, cfg.train, cfg.plan
+    m, t, p = model_config(cfg), cfg.train, cfg.plan  # with model.init_from: the base's shape, from its config
     hw = hardware_profile(cfg, hardware)
     train_tokens, trained_vocab, tokens_source = corpus_tokens(cfg)
-    tokenizer_vocab = trained_vocab if trained_vocab is not None else cfg.tokenizer.vocab_size
+    untrained = m.vocab_size if cfg.model.init_from else cfg.tokenizer.vocab_size  # a base's vocabulary is its own
+    tokenizer_vocab = trained_vocab if trained_vocab is not None else untrained
     warnings = validate(m, tokenizer_vocab)
     vocab = tokenizer_vocab
     precision = resolve_precision(t.precision, hw)

@@ -1,15 +1,19 @@
-"""A Hugging Face model directory (llama or gpt2, our byte-level BPE tokenizer) -> one f16 GGUF file for llama.cpp.
-(models.gguf.check_gguf is the guard that refuses a corrupted or truncated GGUF before llama.cpp reads it.)
+"""A Hugging Face model directory (a family of models/families.py, a byte-level BPE tokenizer) -> one f16 GGUF
+file for llama.cpp. (models.gguf.check_gguf is the guard that refuses a corrupted or truncated GGUF before
+llama.cpp reads it.)
 
     info = export_gguf("runs/tiny-cpu/pretrain/model", "model-f16.gguf")     # from a saved directory
     write_gguf(model.state_dict(), model.config, tokenizer_dir, out_path)    # from a model in memory
 
 Written with the PyPI `gguf` library alone (GGUFWriter + TensorNameMap): no llama.cpp source checkout, no network,
-no sentencepiece. llama.cpp's own converter cannot take our tokenizer (it recognises a pre-tokenizer by hashing
-the tokenization of a fixed string, which a tokenizer trained by us never matches), so the vocabulary is written
-here directly:
-  tokenizer.ggml.model = "gpt2", tokenizer.ggml.pre = "gpt-2"   byte-level BPE with the GPT-2 split regex, which is
-                                                                what `pre_tokenizers.ByteLevel(use_regex=True)` uses
+no sentencepiece. llama.cpp's own converter recognises a pre-tokenizer by hashing the tokenization of a fixed
+string, which a tokenizer trained by us never matches, so the vocabulary is written here directly:
+  tokenizer.ggml.model = "gpt2"  byte-level BPE
+  tokenizer.ggml.pre             the llama.cpp pre-tokenizer type that splits text like the tokenizer does
+                                 (models/pretokenize.py: "gpt-2" for Forge's tokenizers, "smollm" for SmolLM's...);
+                                 after writing, llama.cpp itself tokenizes a fixed text of digits, contractions,
+                                 Unicode, whitespace runs and code, and the file is refused (never renamed into
+                                 place) unless its token ids equal the HF tokenizer's
   tokens, merges, token types   special tokens are CONTROL, other added tokens USER_DEFINED, ids the model has but
                                 the tokenizer lacks (a padded vocabulary) UNUSED
   bos/eos/unk/pad ids, add_bos_token / add_eos_token   as in tokenizer_config.json (ours: false, so llama.cpp adds
@@ -17,9 +21,8 @@ here directly:
   tokenizer.chat_template       the tokenizer's chat template: llama-cpp-python otherwise silently falls back to
                                 the llama-2 prompt format
 
-Tensors: 2-D weights in f16 (or f32), 1-D norms and biases in f32, as llama.cpp's converter writes them. Llama's
-q/k projections are permuted from the HF rotary layout (halves) to llama.cpp's (interleaved pairs); GPT-2's
-Conv1D weights (stored input x output) are transposed to the Linear layout.
+Tensors: 2-D weights in f16 (or f32), 1-D norms and biases in f32, as llama.cpp's converter writes them, each
+through its family's transform (llama's rotary permutation of q/k, GPT-2's Conv1D transpose).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 from forge import ForgeError
 from forge.io import atomic_path
 from models.families import family_of
+from models.pretokenize import check_llama_cpp_tokens, llama_cpp_pre_type
 
 SKIPPED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")  # buffers, not weights
 
@@ -73,17 +77,15 @@ def read_tokenizer(tokenizer_dir: Path) -> dict[str, Any]:
     model = tok.get("model", {})
     if model.get("type") != "BPE":
         raise ForgeError(f"{path}: tokenizer model {model.get('type')!r} is not BPE; only byte-level BPE is exported")
-    pre = json.dumps(tok.get("pre_tokenizer"))
-    if '"ByteLevel"' not in pre or '"use_regex": true' not in pre:
-        raise ForgeError(
-            f"{path}: the pre-tokenizer is not ByteLevel(use_regex=True) ({pre[:120]}); llama.cpp's 'gpt-2' "
-            "pre-tokenizer would split text differently from this tokenizer"
-        )
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(path))
+    pre = llama_cpp_pre_type(hf, str(path))  # ForgeError when llama.cpp has no type that splits like it
     config_path = tokenizer_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     template_path = tokenizer_dir / "chat_template.jinja"
     template = template_path.read_text(encoding="utf-8") if template_path.is_file() else config.get("chat_template")
-    return {"json": tok, "config": config, "chat_template": template}
+    return {"json": tok, "config": config, "chat_template": template, "pre": pre, "hf": hf}
 
 
 def vocabulary(tok: dict[str, Any], n_vocab: int) -> tuple[list[str], list[int], list[str], dict[str, int]]:
@@ -158,7 +160,7 @@ def write_gguf(
         fam.gguf_hparams(writer, config)
         writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if outtype == "f16" else gguf.LlamaFileType.ALL_F32)
         writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("gpt-2")
+        writer.add_tokenizer_pre(tok["pre"])
         writer.add_token_list(tokens)
         writer.add_token_types(types)
         writer.add_token_merges(merges)
@@ -193,6 +195,7 @@ def write_gguf(
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
+        checked = check_llama_cpp_tokens(tmp, tok["hf"])  # raises before the rename: no GGUF that tokenizes apart
     return {
         "path": str(out_path),
         "architecture": arch,
@@ -201,6 +204,8 @@ def write_gguf(
         "parameters": params,
         "vocab_size": config.vocab_size,
         "tokenizer_tokens": len(vocab),
+        "pre_tokenizer": tok["pre"],
+        "tokenization_checked_tokens": checked,
         "size_bytes": out_path.stat().st_size,
     }
 
