@@ -27,7 +27,7 @@ from typing import Any
 
 from forge import ForgeError
 from forge.config import ModelConfig
-from forge.lineage import sha256_tree
+from forge.hashing import sha256_tree
 from models.families import FAMILIES, family_of
 
 SUPPORTED = (
@@ -107,9 +107,11 @@ class Base:
         from transformers import AutoModelForCausalLM
 
         self.config()
-        kwargs = {} if self.is_gguf else {"use_safetensors": True}
+        kwargs: dict[str, Any] = {**self._where(), "dtype": torch.float32}
+        if not self.is_gguf:
+            kwargs["use_safetensors"] = True
         try:
-            model = AutoModelForCausalLM.from_pretrained(**self._where(), dtype=torch.float32, **kwargs)
+            model: Any = AutoModelForCausalLM.from_pretrained(**kwargs)
         except (OSError, ValueError, KeyError) as exc:
             raise self._fail("cannot load its weights", exc) from exc
         model.config.quantization_config = None  # dequantized: the trained model is a plain fp32 model

@@ -230,3 +230,79 @@ def test_smollm2_gguf_base_shape_and_tokenizer_match_llama_cpp(smollm2_gguf):
     # transformers' own GGUF tokenizer forgets the GGUF's pre-tokenizer (plain GPT-2 split): what open_base corrects
     raw = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name, local_files_only=True)
     assert llama_cpp_pre_type(raw, "raw") == "gpt-2"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SFT with the base's own chat template (ChatML): the loss mask is still exactly the replies and their EOS
+
+CONVERSATION = [
+    {"role": "system", "content": "You answer questions about Python."},
+    {"role": "user", "content": "What does `json.dumps` do in 2024?"},
+    {"role": "assistant", "content": "Serialize obj to a JSON formatted str."},
+    {"role": "user", "content": "And `json.loads`?"},
+    {"role": "assistant", "content": "Deserialize s to a Python object."},
+]
+
+
+def chatml_labels(tok, messages) -> tuple[list[int], list[bool]]:
+    """Ids and supervised flags built turn by turn, independently of the template and of TRL."""
+    ids: list[int] = []
+    supervised: list[bool] = []
+
+    def add(text: str, flag: bool) -> None:
+        piece = tok(text, add_special_tokens=False)["input_ids"]
+        ids.extend(piece)
+        supervised.extend([flag] * len(piece))
+
+    for m in messages:
+        reply = m["role"] == "assistant"
+        add(f"<|im_start|>{m['role']}\n", False)
+        add(m["content"] + "<|im_end|>", reply)
+        add("\n", False)
+    return ids, supervised
+
+
+@pytest.mark.parametrize("mode", ["full", "lora", "qlora"])
+def test_sft_on_a_base_with_its_own_chat_template_masks_exactly(foreign_base, tmp_path, mode):
+    from finetune import sft
+    from finetune.sft_data import Example
+    from forge.config import ForgeConfig
+
+    cfg = ForgeConfig(run_name="t", sft={"base_model": str(foreign_base), "mode": mode, "micro_batch_size": 2,
+                                         "max_seq_length": 256, "lr": 1e-2, "max_steps": 2, "warmup_ratio": 0.0,
+                                         "log_every": 1})  # fmt: skip
+    tokenizer = sft.load_tokenizer(foreign_base)
+    assert sft.training_chat_template(tokenizer) is None  # ChatML: not Forge's, no generation markers
+    model, lora = sft.load_model(foreign_base, cfg.sft)
+    short = Example([{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}])
+    trainer = sft.build_trainer(model, tokenizer, [Example(CONVERSATION), short], cfg, tmp_path, lora)
+    batch = trainer.data_collator([trainer.train_dataset[0], trainer.train_dataset[1]])
+    ids, supervised = chatml_labels(tokenizer, CONVERSATION)
+    assert batch["input_ids"][0, : len(ids)].tolist() == ids
+    labels = batch["labels"][0]
+    assert (labels[: len(ids)] != -100).tolist() == supervised
+    assert (labels[len(ids) :] == -100).all()
+    text = tokenizer.decode(labels[labels != -100].tolist(), skip_special_tokens=False)
+    assert text == "Serialize obj to a JSON formatted str.<|im_end|>Deserialize s to a Python object.<|im_end|>"
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    assert any(not torch_equal(before[n], after[n]) for n in before)  # it trained
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b.detach()))
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused(foreign_base):
+    from finetune import sft
+
+    tokenizer = sft.load_tokenizer(foreign_base)
+    # marks the last message specially: earlier turns render differently once later turns follow
+    tokenizer.chat_template = CHATML.replace(
+        "'<|im_start|>' + message['role']", "('<|last|>' if loop.last else '<|im_start|>') + message['role']"
+    )
+    with pytest.raises(ForgeError, match="renders earlier turns differently"):
+        sft.assistant_mask(tokenizer, CONVERSATION)
