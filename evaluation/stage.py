@@ -105,12 +105,16 @@ def load_qa(cfg: ForgeConfig, source: Path) -> list[dict[str, Any]]:
 
 
 def resolve_reference(cfg: ForgeConfig, target: str, model: Path) -> Path | None:
-    """eval.reference; else for sft the pretrained model, for a quantized GGUF the model the quantize stage read."""
+    """eval.reference; else for pretrain of a model.init_from run the base, for sft the pretrained model, for a
+    quantized GGUF the model the quantize stage read."""
     if cfg.eval.reference:
         ref = Path(cfg.eval.reference)
         if not ref.exists():
             raise ForgeError(f"eval.reference={cfg.eval.reference!r}: not found (a model directory or a .gguf file)")
         return ref
+    if target == "pretrain" and cfg.model.init_from:
+        # continued pretraining: the domain model is compared with the base it started from, which it must beat
+        return Path(cfg.model.init_from)
     if target == "sft":
         ref = run_dir(cfg) / "pretrain" / "model"
         return ref if (ref / "config.json").is_file() else None

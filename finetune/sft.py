@@ -14,13 +14,20 @@ pairs are given there, as `qa.source`), read line by line by finetune/sft_data.p
                     against the 10k-100k guidance
   train_history.jsonl, samples.json   per-step logs; greedy answers to a few held-out questions
 
-Loss mask: TRL's `assistant_only_loss=True`. It needs `{% generation %}` markers in the chat template, which the
-shipped template (pretrain/tokenizer.py) does not have and TRL cannot patch (it knows only public model families).
-So training uses a copy of the template with the assistant reply AND its EOS inside the markers, checked to render
-byte-identical to the shipped one; the shipped template is what the exported model carries. Supervised tokens are
-exactly each assistant reply plus the EOS that ends it, never the role tokens, the system or the user turns (pinned
-by tests/test_sft.py). `completion_only_loss` (prompt/completion) was not used: it supervises only the LAST
-assistant turn of a multi-turn conversation.
+Loss mask: supervised tokens are exactly each assistant reply plus the EOS that ends it, never the role tokens,
+the system or the user turns (pinned by tests/test_sft.py and, for a base model's template, tests/test_base_model.py).
+  - A template with `{% generation %}` markers: TRL's `assistant_only_loss=True` as it is.
+  - Forge's template (pretrain/tokenizer.py) has none and TRL cannot patch it (it knows only public model families):
+    training uses a copy with the assistant reply AND its EOS inside the markers, checked to render byte-identical
+    to the shipped one; the shipped template is what the exported model carries.
+  - Any other template (a base model's own: ChatML, Llama 3...): each conversation is rendered and tokenized here
+    and the mask is built from the rendering itself. The reply of assistant turn i is what rendering turns 0..i adds
+    to rendering turns 0..i-1 with the generation prompt, up to and including the EOS token (text after the EOS,
+    such as ChatML's newline, is not supervised). A template whose earlier turns render differently once later
+    turns exist, whose assistant turns do not end with the EOS token, or a token that straddles a reply's edge, is
+    refused with a ForgeError rather than trained with an inexact mask.
+`completion_only_loss` (prompt/completion) was not used: it supervises only the LAST assistant turn of a multi-turn
+conversation.
 
 Modes: full (every weight trains), lora (peft LoRA on every linear layer but the output head), qlora (the base
 loaded as bitsandbytes 4-bit NF4 with double quantisation and bf16 compute, then LoRA; runs on CPU too). A LoRA
@@ -108,18 +115,16 @@ def load_tokenizer(base: Path) -> Any:
     return tokenizer
 
 
-def training_chat_template(tokenizer: Any) -> str:
+def training_chat_template(tokenizer: Any) -> str | None:
     """The shipped chat template with `{% generation %}` around each assistant reply + its EOS (TRL's
-    assistant_only_loss mask), checked to render exactly like the shipped one."""
+    assistant_only_loss mask), checked to render exactly like the shipped one; None for a template that is not
+    Forge's and has no markers (the mask is then built from renderings: `assistant_mask`)."""
     template = tokenizer.chat_template
     if _GENERATION.search(template):
         return template  # already marked: TRL uses it as it is
     found = list(_ASSISTANT_TURN.finditer(template))
     if len(found) != 1:
-        raise ForgeError(
-            "the chat template's assistant turn is not the Forge one ({{ '<role>' + message['content'] + '<eos>' }}); "
-            "add {% generation %}...{% endgeneration %} around the assistant reply and its end-of-turn token"
-        )
+        return None
     m = found[0]
     if m["eos"] != tokenizer.eos_token:
         raise ForgeError(
@@ -139,6 +144,43 @@ def training_chat_template(tokenizer: Any) -> str:
             if a != b:
                 raise ForgeError(f"the training chat template renders {b!r} where the shipped one renders {a!r}")
     return patched
+
+
+def assistant_mask(tokenizer: Any, messages: list[dict[str, str]]) -> dict[str, list[int]]:
+    """input_ids and assistant_masks (1: supervised) of a conversation rendered with the tokenizer's own template,
+    the mask taken from the renderings (see the module doc)."""
+    render = tokenizer.apply_chat_template
+    full = render(messages, tokenize=False)
+    eos = tokenizer.eos_token
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = render(messages[:i], tokenize=False, add_generation_prompt=True)
+        upto = render(messages[: i + 1], tokenize=False)
+        if not (upto.startswith(prompt) and full.startswith(upto)):
+            raise ForgeError(
+                "the chat template renders earlier turns differently once later turns follow, so the assistant-only "
+                "loss mask cannot be taken from its renderings; add {% generation %}...{% endgeneration %} around "
+                "each assistant reply and its end-of-turn token"
+            )
+        reply = upto[len(prompt) :]
+        end = reply.rfind(eos)
+        if end < 0 or message["content"] not in reply[:end]:
+            raise ForgeError(
+                f"the chat template does not end an assistant turn with the EOS token {eos!r} after the reply "
+                f"(it renders {reply[:80]!r}); llama.cpp stops only on EOS. Add {{% generation %}}...{{% endgeneration "
+                "%}} around the reply and its end-of-turn token, or use a template whose turns end with EOS"
+            )
+        spans.append((len(prompt), len(prompt) + end + len(eos)))
+    encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    mask = []
+    for a, b in encoded["offset_mapping"]:
+        inside = any(start <= a and b <= stop for start, stop in spans)
+        if not inside and any(a < edge < b for span in spans for edge in span):
+            raise ForgeError(f"a token of {full[a:b]!r} straddles the edge of an assistant reply: no exact loss mask")
+        mask.append(int(inside))
+    return {"input_ids": encoded["input_ids"], "assistant_masks": mask}
 
 
 def rendered_lengths(tokenizer: Any, conversations: list[list[dict[str, str]]]) -> list[int]:
@@ -251,10 +293,11 @@ def build_trainer(
 
     s = cfg.sft
     precision = resolve_precision(s)
+    template = training_chat_template(tokenizer)
     args = TRLConfig(
         output_dir=str(output_dir),
         max_length=s.max_seq_length,
-        assistant_only_loss=True,  # labels -100 outside the {% generation %} spans (see the module doc)
+        assistant_only_loss=template is not None,  # labels -100 outside the {% generation %} spans (module doc)
         packing=False,
         per_device_train_batch_size=s.micro_batch_size,
         gradient_accumulation_steps=s.grad_accum_steps,
@@ -277,8 +320,12 @@ def build_trainer(
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    train_tokenizer = _with_template(tokenizer, training_chat_template(tokenizer))
-    dataset = Dataset.from_list([{"messages": e.messages} for e in examples])
+    if template is not None:
+        train_tokenizer = _with_template(tokenizer, template)
+        dataset = Dataset.from_list([{"messages": e.messages} for e in examples])
+    else:  # a base model's own template: tokenized here, TRL builds the labels from assistant_masks
+        train_tokenizer = tokenizer
+        dataset = Dataset.from_list([assistant_mask(tokenizer, e.messages) for e in examples])
     trainer = SFTTrainer(
         model=model, args=args, train_dataset=dataset, processing_class=train_tokenizer, peft_config=peft_config,
         callbacks=callbacks,

@@ -239,7 +239,22 @@ class TokenizerConfig(Section):
 # model
 
 
+# What the config itself must know of each model family; models/families.py holds the rest of each family's spec.
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "llama": {"activation": "silu", "grouped_query_attention": True},
+    "gpt2": {"activation": "gelu_new", "grouped_query_attention": False},
+}
+
+
 class ModelConfig(Section):
+    init_from: str | None = Field(
+        None,
+        description="Continue training an existing model instead of a random one: a local Hugging Face model "
+        "directory (config.json, model.safetensors, tokenizer files) or a .gguf file (dequantized on load). "
+        "Nothing is downloaded. The model's shape, vocabulary and tokenizer are then the base's: the other model.* "
+        "shape fields are ignored, except context_length, the training window (at most the base's own). "
+        "Continued pretraining gets its own train.lr and train.warmup_steps defaults (see ForgeConfig).",
+    )
     architecture: Literal["llama", "gpt2"] = "llama"
     vocab_size: int | None = Field(None, ge=1)  # None: the trained tokenizer's size
     hidden_size: int = Field(768, ge=1)
@@ -257,7 +272,7 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _shapes_fit(self) -> ModelConfig:
         if "activation" not in self.model_fields_set:  # unset: the architecture's own (gpt2 GELU, llama SwiGLU)
-            self.__dict__["activation"] = "gelu_new" if self.architecture == "gpt2" else "silu"
+            self.__dict__["activation"] = ARCHITECTURES[self.architecture]["activation"]
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"model.num_attention_heads={self.num_attention_heads} does not divide "
@@ -265,10 +280,10 @@ class ModelConfig(Section):
             )
         kv = self.num_key_value_heads
         if kv is not None:
-            if self.architecture == "gpt2" and kv != self.num_attention_heads:
+            if not ARCHITECTURES[self.architecture]["grouped_query_attention"] and kv != self.num_attention_heads:
                 raise ValueError(
-                    f"model.num_key_value_heads={kv}: gpt2 has no grouped-query attention; remove the key "
-                    "or use architecture: llama"
+                    f"model.num_key_value_heads={kv}: {self.architecture} has no grouped-query attention; remove "
+                    "the key or use architecture: llama"
                 )
             if self.num_attention_heads % kv:
                 raise ValueError(
@@ -526,6 +541,23 @@ class ForgeConfig(Section):
     quantize: QuantizeConfig = QuantizeConfig()
     registry: RegistryConfig = RegistryConfig()
     serve: ServeConfig = ServeConfig()
+
+    # Continued pretraining of an existing model (model.init_from), unless train.lr / train.warmup_steps are set:
+    # a learning rate a third of the from-scratch default, near where a pretrained model's own schedule ended,
+    # which adapts it to the domain with less forgetting than re-warming to a from-scratch peak (Ibrahim et al.
+    # 2024, "Simple and scalable strategies to continually pre-train LLMs"); and a short warmup, 1% of the steps,
+    # since AdamW's moments start empty but the weights are already trained (no long warmup from random init).
+    CONTINUED_LR: ClassVar[float] = 1e-4
+    CONTINUED_WARMUP_FRACTION: ClassVar[float] = 0.01
+
+    @model_validator(mode="after")
+    def _continued_pretraining_defaults(self) -> ForgeConfig:
+        if self.model.init_from is not None:
+            if "lr" not in self.train.model_fields_set:
+                self.train.__dict__["lr"] = self.CONTINUED_LR
+            if "warmup_steps" not in self.train.model_fields_set:
+                self.train.__dict__["warmup_steps"] = max(1, int(self.train.max_steps * self.CONTINUED_WARMUP_FRACTION))
+        return self
 
     def section_hash(self, *sections: str) -> str:
         """sha256 of the named sections (plus the seed), the config part of a stage's skip key."""

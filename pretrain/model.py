@@ -1,8 +1,5 @@
-"""The model architectures: a `ModelConfig` becomes a Hugging Face transformers model, so vLLM, llama.cpp and
-lm-eval load the checkpoints with no conversion.
-
-    llama  LlamaForCausalLM: RMSNorm, SwiGLU feed-forward, rotary positions, no biases (the default)
-    gpt2   GPT2LMHeadModel: LayerNorm, GELU feed-forward, learned positions, biases, dropout (the seeds' design)
+"""The model: a `ModelConfig` becomes a Hugging Face transformers model, so vLLM, llama.cpp and lm-eval load the
+checkpoints with no conversion. What differs between the families (llama, gpt2) is in models/families.py.
 
     warnings = validate(cfg.model, vocab_size=tokenizer_size)   # errors raise ForgeError, the rest are returned
     n = count_parameters(cfg.model, vocab_size)                 # exact, without building anything
@@ -16,15 +13,23 @@ from __future__ import annotations
 from typing import Any
 
 from forge import ForgeError
-from forge.config import ModelConfig
+from forge.config import ForgeConfig, ModelConfig
+from models.families import QUANT_BLOCK, family
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
-# Feed-forward width / hidden size that each design uses, and the band outside which `validate` warns.
-# gpt2: 4x. llama: 8/3x rounded up to a multiple of 256 (Llama 1/2 land at 2.69-2.75x, Llama 3 uses 3.5x).
-FFN_RULE = {"gpt2": (4.0, 3.5, 4.5), "llama": (8 / 3, 2.5, 3.5)}
 GOOD_HEAD_DIMS = (64, 128)  # what fused attention kernels and most inference engines are tuned for
-QUANT_BLOCK = 256  # llama.cpp K-quants (Q4_K_M...) need rows divisible by 256, else tensors fall back
+
+
+def model_config(cfg: ForgeConfig) -> ModelConfig:
+    """The shape the run trains: `cfg.model`, or with model.init_from the base's, read from its config.json (or
+    the GGUF's metadata), with model.context_length as the training window when it is below the base's own."""
+    if cfg.model.init_from is None:
+        return cfg.model
+    from models.base import open_base
+
+    window = cfg.model.context_length if "context_length" in cfg.model.model_fields_set else None
+    return open_base(cfg.model.init_from).model_config(window)
 
 
 def resolve_vocab(model_cfg: ModelConfig, vocab_size: int | None = None) -> int:
@@ -60,7 +65,8 @@ def validate(model_cfg: ModelConfig, vocab_size: int | None = None) -> list[str]
             f"model.num_attention_heads={m.num_attention_heads} gives head dim {m.head_dim}; 64 or 128 is what fused "
             f"attention kernels are tuned for: heads (head dim) {', '.join(good)}"
         )
-    rule, low, high = FFN_RULE[m.architecture]
+    fam = family(m.architecture)
+    rule, low, high = fam.ffn_rule
     ratio = m.intermediate_size / m.hidden_size
     if not low <= ratio <= high:
         suggested = _round_up(int(rule * m.hidden_size), QUANT_BLOCK)
@@ -76,14 +82,7 @@ def validate(model_cfg: ModelConfig, vocab_size: int | None = None) -> list[str]
                 f"other types for these tensors; use {_round_up(value, QUANT_BLOCK)} or "
                 f"{max(QUANT_BLOCK, value // QUANT_BLOCK * QUANT_BLOCK)}"
             )
-    if m.architecture == "gpt2" and m.activation in ("silu", "relu"):
-        warnings.append(f"model.activation={m.activation}: the gpt2 design uses gelu_new (GELU)")
-    if m.architecture == "llama" and m.activation != "silu":
-        warnings.append(f"model.activation={m.activation}: llama's gated feed-forward is SwiGLU (silu)")
-    if m.architecture == "llama" and m.dropout > 0:
-        warnings.append(
-            f"model.dropout={m.dropout}: llama applies dropout to attention probabilities only (no residual dropout)"
-        )
+    warnings += fam.warnings(m)
     if vocab is not None and vocab % 64:
         warnings.append(f"vocabulary size {vocab} is not a multiple of 64: the output layer's matmuls run slower")
     return warnings
@@ -104,25 +103,10 @@ def hf_config(
     m = model_cfg
     vocab = resolve_vocab(m, vocab_size)
     common = dict(
-        vocab_size=vocab, bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
-        tie_word_embeddings=m.tie_word_embeddings, initializer_range=m.initializer_range, use_cache=True,
+        bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id, tie_word_embeddings=m.tie_word_embeddings,
+        initializer_range=m.initializer_range, use_cache=True,
     )  # fmt: skip
-    if m.architecture == "gpt2":
-        from transformers import GPT2Config
-
-        return GPT2Config(
-            n_embd=m.hidden_size, n_layer=m.num_layers, n_head=m.num_attention_heads, n_inner=m.intermediate_size,
-            n_positions=m.context_length, activation_function=m.activation,
-            resid_pdrop=m.dropout, embd_pdrop=m.dropout, attn_pdrop=m.dropout, **common,
-        )  # fmt: skip
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        hidden_size=m.hidden_size, num_hidden_layers=m.num_layers, num_attention_heads=m.num_attention_heads,
-        num_key_value_heads=m.num_key_value_heads or m.num_attention_heads, intermediate_size=m.intermediate_size,
-        max_position_embeddings=m.context_length, hidden_act=m.activation, attention_dropout=m.dropout,
-        rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta}, **common,
-    )  # fmt: skip
+    return family(m.architecture).hf_config(m, vocab, common)
 
 
 def build_model(
@@ -148,23 +132,7 @@ def count_parameters(model_cfg: ModelConfig, vocab_size: int | None = None) -> i
 
 def parameter_breakdown(model_cfg: ModelConfig, vocab_size: int | None = None) -> dict[str, int]:
     """Parameters by part: embeddings (token + learned positions), transformer layers, final norm, output head."""
-    m = model_cfg
-    vocab = resolve_vocab(m, vocab_size)
-    h, ff, layers = m.hidden_size, m.intermediate_size, m.num_layers
-    head = 0 if m.tie_word_embeddings else vocab * h
-    if m.architecture == "gpt2":
-        # ln_1, ln_2 (weight + bias); c_attn h->3h and c_proj h->h with biases; c_fc h->ff, c_proj ff->h with biases
-        per_layer = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * ff + ff) + (ff * h + h)
-        return {
-            "embeddings": vocab * h + m.context_length * h,
-            "layers": layers * per_layer,
-            "final_norm": 2 * h,
-            "output_head": head,
-        }
-    kv_dim = (m.num_key_value_heads or m.num_attention_heads) * m.head_dim
-    # two RMSNorm weights; q, o: h x h; k, v: h x kv_dim; gate, up: h x ff; down: ff x h (no biases)
-    per_layer = 2 * h + 2 * h * h + 2 * h * kv_dim + 3 * h * ff
-    return {"embeddings": vocab * h, "layers": layers * per_layer, "final_norm": h, "output_head": head}
+    return family(model_cfg.architecture).parameter_breakdown(model_cfg, resolve_vocab(model_cfg, vocab_size))
 
 
 def built_parameter_count(model: Any) -> int:

@@ -49,9 +49,10 @@ from forge.config import ForgeConfig, ModelConfig
 from forge.io import atomic_write_json, atomic_write_text
 from forge.lineage import Stage, completed_manifest, run_stage
 from forge.paths import run_dir
+from models.families import family
 from pretrain.hardware import GIB, Hardware, hardware_profile
 from pretrain.hardware import flops_per_token as training_flops_per_token
-from pretrain.model import count_parameters, parameter_breakdown, validate
+from pretrain.model import count_parameters, model_config, parameter_breakdown, validate
 
 GB = 1e9
 TEXT_BYTES_PER_TOKEN = 4.0  # the usual rule of thumb for English text with a BPE tokenizer (~4 characters a token)
@@ -82,15 +83,10 @@ def state_bytes_per_param(precision: str) -> dict[str, float]:
 def layer_activation_bytes(m: ModelConfig, b: int, s: int, mixed: bool, attention: str = "sdpa",
                            device: str = "gpu") -> float:  # fmt: skip
     """Bytes one transformer layer keeps for the backward, for a micro-batch of b sequences of s tokens."""
-    h, ff, a = m.hidden_size, m.intermediate_size, m.num_attention_heads
+    h, a = m.hidden_size, m.num_attention_heads
     kv_dim = (m.num_key_value_heads or a) * m.head_dim
-    if m.architecture == "llama":
-        per_token = (34 * h + 8 * ff) if mixed else (40 * h + 16 * ff)
-    else:
-        per_token = (24 * h + 10 * ff) if mixed else (40 * h + 20 * ff)
     math_path = attention == "eager" or (m.dropout > 0 and device == "cpu")
-    if mixed and m.dropout > 0 and (m.architecture == "gpt2" or math_path):
-        per_token += 6 * h  # dropout masks and the un-fused attention's extra copies
+    per_token = family(m.architecture).layer_activation_per_token(m, mixed, math_path)
     if attention == "sdpa":
         per_token -= (4 if mixed else 8) * (h - kv_dim)  # K and V stay at kv-head size
     total = b * s * per_token
@@ -105,7 +101,7 @@ def activation_breakdown(m: ModelConfig, vocab: int, b: int, s: int, precision: 
     mixed = precision != "fp32"
     layer = layer_activation_bytes(m, b, s, mixed, attention, device)
     h = m.hidden_size
-    embed_norm = b * s * h * (12 if m.architecture == "llama" else 8)  # embeddings output, final norm
+    embed_norm = b * s * h * family(m.architecture).embed_norm_bytes  # embeddings output, final norm
     logits = b * s * vocab * ((2 if mixed else 4) + 4)  # the logits + the loss's fp32 log-softmax
     transient = b * s * vocab * 8  # backward of the loss: fp32 gradients of log-probs and logits
     if checkpointing:
@@ -179,10 +175,11 @@ def corpus_tokens(cfg: ForgeConfig) -> tuple[int | None, int | None, str]:
 
 def estimate(cfg: ForgeConfig, hardware: str | None = None, attention: str = "sdpa") -> dict[str, Any]:
     """The whole plan as a JSON-ready dict (sizes in bytes, times in seconds)."""
-    m, t, p = cfg.model, cfg.train, cfg.plan
+    m, t, p = model_config(cfg), cfg.train, cfg.plan  # with model.init_from: the base's shape, from its config
     hw = hardware_profile(cfg, hardware)
     train_tokens, trained_vocab, tokens_source = corpus_tokens(cfg)
-    tokenizer_vocab = trained_vocab if trained_vocab is not None else cfg.tokenizer.vocab_size
+    untrained = m.vocab_size if cfg.model.init_from else cfg.tokenizer.vocab_size  # a base's vocabulary is its own
+    tokenizer_vocab = trained_vocab if trained_vocab is not None else untrained
     warnings = validate(m, tokenizer_vocab)
     vocab = tokenizer_vocab
     precision = resolve_precision(t.precision, hw)

@@ -61,12 +61,10 @@ def shard(model: torch.nn.Module, device_type: str, precision: str) -> None:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks of the transformers model: llama's model.layers, gpt2's transformer.h."""
-    base = getattr(model, model.base_model_prefix)
-    layers = getattr(base, "layers", None) or getattr(base, "h", None)
-    if layers is None:
-        raise ForgeError(f"train.sharding=fsdp: no decoder layers found in {type(model).__name__}; use ddp")
-    return list(layers)
+    """The repeated blocks of the transformers model (llama's model.layers, gpt2's transformer.h)."""
+    from models.families import family_of
+
+    return family_of(model.config, "train.sharding=fsdp").decoder_layers(model)
 
 
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> float:

@@ -304,12 +304,18 @@ def check_roundtrip(tokenizer: Tokenizer, shards: list[Path], shards_dir: Path, 
 
 
 def compression_report(
-    tokenizer: Tokenizer, stats: dict[str, SplitStats], tcfg: TokenizerConfig, split: str = "val"
-) -> dict[str, Any]:
-    """Compression of `split` (tokens per word, chars per token, vocabulary use, top tokens, unknown bytes)."""
+    tokenizer: Tokenizer, stats: dict[str, SplitStats], tcfg: TokenizerConfig, split: str = "val",
+    unk_token: str | None = "",
+) -> dict[str, Any]:  # fmt: skip
+    """Compression of `split` (tokens per word, chars per token, vocabulary use, top tokens, unknown bytes).
+    `unk_token`: the unknown token ("": the config's, None: the tokenizer has none)."""
     s, train = stats[split], stats["train"]
     vocab = tokenizer.get_vocab_size()
-    unk_id = tokenizer.token_to_id(tcfg.special_tokens[1])
+    unk_id = (
+        tokenizer.token_to_id(tcfg.special_tokens[1] if unk_token == "" else unk_token)
+        if unk_token is not None
+        else None
+    )
     tokens = max(s.doc_tokens, 1)
     top = np.argsort(-s.token_counts, kind="stable")[:TOP_TOKENS]
     report: dict[str, Any] = {
@@ -325,7 +331,7 @@ def compression_report(
         "vocab_size": vocab,
         "vocab_used_fraction": round(float((s.token_counts > 0).sum()) / vocab, 4),
         "vocab_used_fraction_train": round(float((train.token_counts > 0).sum()) / vocab, 4),
-        "unk_token_rate": float(s.token_counts[unk_id]) / tokens,
+        "unk_token_rate": float(s.token_counts[unk_id]) / tokens if unk_id is not None else 0.0,
         # bytes of this split whose value never occurs in train: their byte tokens were never trained
         "unknown_byte_rate": float(s.byte_counts[train.byte_counts == 0].sum()) / max(s.bytes, 1),
         "top_tokens": [
@@ -357,11 +363,12 @@ def compression_report(
 def training_budget(cfg: ForgeConfig, vocab_size: int, tokens_train: int) -> dict[str, Any]:
     """Tokens per parameter of the configured model against the seeds' 20-100x rule."""
     try:
-        from pretrain.model import count_parameters
+        from pretrain.model import count_parameters, model_config
     except ImportError as exc:
         return {"note": f"parameter count unavailable ({exc}); tokens per parameter not computed"}
     try:
-        params = count_parameters(cfg.model, vocab_size)
+        m = model_config(cfg)
+        params = count_parameters(m, m.vocab_size or vocab_size)
     except ForgeError as exc:
         return {"note": f"parameter count unavailable: {exc}", "warning": str(exc)}
     ratio = tokens_train / params
@@ -373,7 +380,11 @@ def training_budget(cfg: ForgeConfig, vocab_size: int, tokens_train: int) -> dic
         "rule": f"{low}-{high} tokens per parameter",
         "model_config_hash": cfg.section_hash("model"),  # the ratio is for this model config only
     }
-    if ratio < low:
+    if cfg.model.init_from is not None:
+        out["note"] = (
+            f"continued pretraining of {cfg.model.init_from}: the {low}-{high}x rule is for training from scratch"
+        )
+    elif ratio < low:
         out["warning"] = (
             f"the train split has {ratio:.2f} tokens per parameter of the configured model ({params:,} parameters), "
             f"below the seeds' {low}x: one epoch under-trains it; add data, plan several epochs or use a smaller model"
@@ -423,7 +434,10 @@ def report_markdown(report: dict[str, Any], splits: dict[str, dict[str, int]], b
 
 
 def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
-    """Train the tokenizer on train, save it with its chat template, report compression, write token shards."""
+    """Train the tokenizer on train, save it with its chat template, report compression, write token shards.
+    With model.init_from, the base model's own tokenizer instead (see `run_base`)."""
+    if cfg.model.init_from is not None:
+        return run_base(cfg, force)
     check_config(cfg.tokenizer)
     shards = data_shards(cfg)
     check_corpus_capacity(shards["train"], cfg.tokenizer)  # cheap: stops once the bound covers the vocabulary
@@ -435,6 +449,40 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
         artifact_exclude=("shards/*",),
     )
     return run_stage(stage, lambda s: _build(s, shards), force=force)
+
+
+def run_base(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
+    """The base model's tokenizer (model.init_from): no new vocabulary. Its files are copied here with their
+    sha256, its compression on val is reported as for a trained one, and the token shards are written with it."""
+    from models.base import open_base
+
+    base = open_base(cfg.model.init_from)
+    shards = data_shards(cfg)
+    stage = Stage(
+        name="tokenizer",
+        cfg=cfg,
+        sections=(),  # the tokenizer section is not used: the base's tokenizer is an input, by content
+        inputs={**{split: shard_listing(files) for split, files in shards.items()}, "base": base.path},
+        artifact_exclude=("shards/*",),
+    )
+    return run_stage(stage, lambda s: _build_base(s, shards, base), force=force)
+
+
+def _build_base(stage: Stage, shards: dict[str, list[Path]], base: Any) -> dict[str, float]:
+    tokenizer = base.tokenizer()
+    with tempfile.TemporaryDirectory(dir=stage.dir.parent, prefix=".tokenizer-save-") as tmp:
+        tokenizer.save_pretrained(tmp)
+        saved = sorted(p for p in Path(tmp).iterdir() if p.is_file())
+        for path in saved:
+            atomic_write_bytes(stage.dir / path.name, path.read_bytes())
+    files = {p.name: sha256_file(stage.dir / p.name) for p in saved}
+    identity = base.identity()
+    log.info("tokenizer: using the base model's tokenizer (%s, %s tokens)", identity["path"], f"{len(tokenizer):,}")
+    backend = tokenizer.backend_tokenizer
+    ids = {name: getattr(tokenizer, f"{name}_token_id") for name in SPECIAL_NAMES}
+    ids = {name: int(i) for name, i in ids.items() if i is not None}
+    return _shards_and_report(stage, shards, backend, tokenizer.unk_token, 0.0,
+                              {"base": identity, "tokenizer_files": files}, ids)  # fmt: skip
 
 
 def _build(stage: Stage, shards: dict[str, list[Path]]) -> dict[str, float]:
@@ -449,17 +497,30 @@ def _build(stage: Stage, shards: dict[str, list[Path]]) -> dict[str, float]:
 
     ids = {name: i for i, name in enumerate(SPECIAL_NAMES)}  # ids 0-3: pad, unk, bos, eos
     ids |= {role: tokenizer.token_to_id(token) for role, token in zip(CHAT_ROLES, tcfg.chat_roles, strict=True)}
+    return _shards_and_report(stage, shards, tokenizer, "", train_seconds, {}, ids)
+
+
+def _shards_and_report(
+    stage: Stage, shards: dict[str, list[Path]], tokenizer: Tokenizer, unk_token: str | None,
+    train_seconds: float, extra: dict[str, Any], ids: dict[str, int],
+) -> dict[str, float]:  # fmt: skip
+    """Write the token shards with `tokenizer`, check the round trip on val, report compression."""
+    tcfg = stage.cfg.tokenizer
     stats = write_shards(tokenizer, shards, stage.dir / "shards", ids)
     encode_seconds = sum(s.seconds for s in stats.values())
     log.info("tokenizer: encoded %s in %.1fs", ", ".join(f"{k} {v.tokens:,}" for k, v in stats.items()), encode_seconds)
     checked = check_roundtrip(tokenizer, shards["val"], stage.dir / "shards", "val")
 
-    report = compression_report(tokenizer, stats, tcfg)
+    report = compression_report(tokenizer, stats, tcfg, unk_token=unk_token)
     report["roundtrip_checked_documents"] = checked
     splits = {k: {"documents": v.documents, "doc_tokens": v.doc_tokens, "tokens": v.tokens} for k, v in stats.items()}
     budget = training_budget(stage.cfg, tokenizer.get_vocab_size(), stats["train"].tokens)
-    atomic_write_json(stage.dir / "report.json", {**report, "splits": splits, "training_budget": budget})
+    atomic_write_json(stage.dir / "report.json", {**report, "splits": splits, "training_budget": budget, **extra})
     markdown = report_markdown(report, splits, budget)
+    if "base" in extra:
+        b = extra["base"]
+        markdown = markdown.replace("\n\n", f"\n\nThe base model's tokenizer, not trained here: {b['path']} "
+                                    f"({b['origin']}, sha256 {b['sha256'][:16]}...).\n\n", 1)  # fmt: skip
     atomic_write_text(stage.dir / "report.md", markdown)
     log.info("tokenizer report (%s):\n%s", stage.dir / "report.md", markdown)
     for warning in [*report["warnings"], *([budget["warning"]] if "warning" in budget else [])]:

@@ -80,6 +80,7 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
         inputs={
             **{name: tok_dir / name for name in TOKENIZER_FILES if (tok_dir / name).is_file()},
             "shards": tok_dir / "shards",
+            **({"base": Path(cfg.model.init_from)} if cfg.model.init_from else {}),  # its sha256, in the manifest
         },
         artifact_exclude=("checkpoints/*",),  # resumable state stays on disk; the exported model/ is uploaded
     )
@@ -166,9 +167,9 @@ def train(stage: Stage, accelerator, key: dict[str, Any], resume: bool) -> dict[
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from pretrain.model import build_model, count_parameters
+    from pretrain.model import count_parameters, model_config
 
-    cfg, tcfg, mcfg = stage.cfg, stage.cfg.train, stage.cfg.model
+    cfg, tcfg, mcfg = stage.cfg, stage.cfg.train, model_config(stage.cfg)
     main = accelerator.is_main_process
     rank, world = accelerator.process_index, accelerator.num_processes
     precision = resolve_precision(tcfg)
@@ -194,7 +195,8 @@ def train(stage: Stage, accelerator, key: dict[str, Any], resume: bool) -> dict[
     # ------------------------------------------------------------------------------------------------------------
     # model, optimizer, schedule
     set_seed(cfg.seed)
-    model = build_model(mcfg, vocab, **{f"{k}_id": v for k, v in ids.items()})
+    model = initial_model(cfg, vocab, ids)
+    vocab = model.config.vocab_size  # a base may have more embedding rows than its tokenizer has tokens
     model.config.use_cache = False
     if tcfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -408,6 +410,24 @@ def train(stage: Stage, accelerator, key: dict[str, Any], resume: bool) -> dict[
 # pieces of the loop
 
 
+def initial_model(cfg: ForgeConfig, vocab: int, ids: dict[str, int]) -> torch.nn.Module:
+    """A random model of `cfg.model`, or the base model of model.init_from with its trained weights."""
+    from pretrain.model import build_model
+
+    if cfg.model.init_from is None:
+        return build_model(cfg.model, vocab, **{f"{k}_id": v for k, v in ids.items()})
+    from models.base import open_base
+
+    model = open_base(cfg.model.init_from).load_model()
+    if vocab > model.config.vocab_size:
+        raise ForgeError(
+            f"model.init_from={cfg.model.init_from}: the token shards use {vocab} ids but the model has "
+            f"{model.config.vocab_size} embedding rows;"
+            " re-run forge tokenizer (it writes the shards with the base's tokenizer)"
+        )
+    return model
+
+
 def make_optimizer(model: torch.nn.Module, tcfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW with two groups: decay on matmul weights; none on norms, biases and embeddings (tied head included)."""
     embedding_params = {
@@ -537,16 +557,16 @@ def export(best_dir: Path, out: Path, cfg: ForgeConfig, vocab: int, ids: dict[st
     """Write the best weights as a transformers model directory, with the tokenizer and a generation config."""
     from transformers import GenerationConfig
 
-    from pretrain.model import build_model
+    from models.families import family_of
 
     if not (best_dir / "model.safetensors").is_file():
         raise ForgeError(f"no best checkpoint in {best_dir}: the run evaluated nothing to export")
-    model = build_model(cfg.model, vocab, **{f"{k}_id": v for k, v in ids.items()})
+    model = initial_model(cfg, vocab, ids)
     model.load_state_dict(ckpt.read_weights(best_dir, model))  # a plain model, on the main process alone
     model.config.use_cache = True
     model.generation_config = GenerationConfig(
         bos_token_id=ids.get("bos"), eos_token_id=ids.get("eos"), pad_token_id=ids.get("pad"),
-        max_length=cfg.model.context_length,
+        max_length=family_of(model.config).model_config(model.config).context_length,  # a base's whole context
     )  # fmt: skip
     with atomic_path(out) as tmp:
         model.save_pretrained(tmp)

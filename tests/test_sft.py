@@ -111,9 +111,10 @@ def test_training_template_renders_like_the_shipped_one(tiny_base):
                 CONVERSATION, tokenize=False, add_generation_prompt=prompt, chat_template=patched
             )  # fmt: skip
         )
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    with pytest.raises(ForgeError, match="generation"):
-        sft.training_chat_template(tokenizer)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # no EOS after replies
+    assert sft.training_chat_template(tokenizer) is None  # not Forge's: the mask comes from renderings
+    with pytest.raises(ForgeError, match="does not end an assistant turn with the EOS token.*generation"):
+        sft.assistant_mask(tokenizer, CONVERSATION)
 
 
 # ----------------------------------------------------------------------------------------------------------------
