@@ -3,11 +3,12 @@
 training history) and says why; it neither passes nor fails a gate.
 
   repetition     repeated n-gram rate and distinct-2 over the sampled generations
-  ppl_drift      test perplexity against a reference model (previous stage, production, unquantized original)
+  ppl_drift      test bits per byte against a reference model (previous stage, production, unquantized original),
+                 each scored with its own tokenizer
   val_rise       validation perplexity at the end of training above its minimum (the training history)
   memorisation   verbatim continuation rate of training documents minus that of test documents
-  incoherence    low perplexity (below the unigram baseline) together with degenerate generations
-  untrained      perplexity not far below a uniform guess over the vocabulary (a random-init model)
+  incoherence    low bits per byte (below the unigram floor's) together with degenerate generations
+  untrained      bits per byte not far below a uniform guess over the vocabulary's (a random-init model)
 """
 
 from __future__ import annotations
@@ -44,16 +45,21 @@ def repetition(generations: list[Sequence[int]], cfg: EvalConfig) -> dict[str, A
     )  # fmt: skip
 
 
-def ppl_drift(ppl: float, reference_ppl: float | None, reference: str | None, max_drift: float) -> dict[str, Any]:
-    """Test perplexity against a reference model; `max_drift` is eval.max_ppl_drift, or eval.max_finetune_ppl_drift
+def ppl_drift(
+    text: dict[str, Any], reference_text: dict[str, Any] | None, reference: str | None, max_drift: float
+) -> dict[str, Any]:
+    """Test bits per byte against a reference model's (each scored through its own tokenizer: a per-token
+    perplexity would compare different units); `max_drift` is eval.max_ppl_drift, or eval.max_finetune_ppl_drift
     when the reference is the base model a fine-tune started from (some forgetting of raw text is expected there)."""
-    if reference_ppl is None or not reference:
+    if reference_text is None or not reference:
         return flag("ppl_drift", None, None, max_drift, "no reference model (set eval.reference)")
-    drift = ppl / reference_ppl - 1
+    bpb, ref_bpb = text["bits_per_byte"], reference_text["bits_per_byte"]
+    drift = bpb / ref_bpb - 1
     return flag(
         "ppl_drift", drift <= max_drift, drift, max_drift,
-        f"test perplexity {ppl:.3f} vs {reference_ppl:.3f} for the reference {reference}: {drift:+.1%} "
-        f"(max +{max_drift:.0%})", reference=reference, reference_ppl=reference_ppl,
+        f"test bits per byte {bpb:.4f} vs {ref_bpb:.4f} for the reference {reference}: {drift:+.1%} "
+        f"(max +{max_drift:.0%})", reference=reference, reference_bits_per_byte=ref_bpb,
+        reference_tokenizer=reference_text["tokenizer"],
     )  # fmt: skip
 
 
@@ -93,27 +99,32 @@ def memorisation(train: dict[str, float], test: dict[str, float], cfg: EvalConfi
     )  # fmt: skip
 
 
-def incoherence(ppl: float, unigram_ppl: float, generations: list[Sequence[int]], cfg: EvalConfig) -> dict[str, Any]:
+def incoherence(bpb: float, unigram_bpb: float, generations: list[Sequence[int]], cfg: EvalConfig) -> dict[str, Any]:
     if not generations:
         return flag("incoherence", None, None, cfg.max_degenerate_rate, "no generations")
     rate = sum(degenerate(g, cfg) for g in generations) / len(generations)
-    low = ppl < cfg.incoherence_ppl_ratio * unigram_ppl
+    low = bpb < cfg.incoherence_ppl_ratio * unigram_bpb
     return flag(
         "incoherence", not (low and rate > cfg.max_degenerate_rate),
-        {"degenerate_rate": rate, "ppl_over_unigram": ppl / unigram_ppl},
-        {"max_degenerate_rate": cfg.max_degenerate_rate, "low_ppl_below": cfg.incoherence_ppl_ratio * unigram_ppl},
-        f"test perplexity {ppl:.3f} is {'below' if low else 'not below'} {cfg.incoherence_ppl_ratio:g} x the "
-        f"unigram baseline {unigram_ppl:.3f}; {rate:.0%} of generations are degenerate (short or repeating; "
+        {"degenerate_rate": rate, "bits_per_byte_over_unigram": bpb / unigram_bpb},
+        {"max_degenerate_rate": cfg.max_degenerate_rate,
+         "low_bits_per_byte_below": cfg.incoherence_ppl_ratio * unigram_bpb},
+        f"test bits per byte {bpb:.4f} is {'below' if low else 'not below'} {cfg.incoherence_ppl_ratio:g} x the "
+        f"unigram floor's {unigram_bpb:.4f}; {rate:.0%} of generations are degenerate (short or repeating; "
         f"max {cfg.max_degenerate_rate:.0%})",
     )  # fmt: skip
 
 
-def untrained(ppl: float, vocab_size: int, cfg: EvalConfig) -> dict[str, Any]:
-    ratio = ppl / vocab_size
+def untrained(text: dict[str, Any], vocab_size: int, cfg: EvalConfig) -> dict[str, Any]:
+    """A uniform guess over the vocabulary costs log2(vocab) bits per token; the threshold is on the per-token
+    perplexity over the vocabulary size, the same comparison in the model's own tokens."""
+    uniform_bpb = math.log2(vocab_size) * text["tokens"] / text["bytes"]
+    ratio = text["ppl"] / vocab_size
     return flag(
         "untrained", ratio < cfg.max_uniform_ppl_ratio, ratio, cfg.max_uniform_ppl_ratio,
-        f"test perplexity {ppl:.1f} is {ratio:.2f} x the vocabulary size {vocab_size} (a uniform guess scores 1.0; "
-        f"max {cfg.max_uniform_ppl_ratio})",
+        f"test bits per byte {text['bits_per_byte']:.4f} vs {uniform_bpb:.4f} for a uniform guess over the "
+        f"{vocab_size}-token vocabulary: perplexity {text['ppl']:.1f} is {ratio:.2f} x the vocabulary size "
+        f"(a uniform guess scores 1.0; max {cfg.max_uniform_ppl_ratio})",
     )  # fmt: skip
 
 

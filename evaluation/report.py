@@ -3,11 +3,22 @@
 eval.json (format "forge-eval/1"):
   artifact    {"path", "kind": "hf" | "gguf", "sha256"}: the evaluated model (sha256 of the file, or of the
               directory's sorted (path, sha256) list as in forge.lineage.sha256_tree)
+  tokenizer   {"name", "vocab_size", "sha256"} of the evaluated model's tokenizer (the unit of its perplexity)
+  data        what was measured: test_text_sha256 (sha256 of the test shards' "name sha256" listing, see
+              evaluation/text.py), test_shards (each shard's sha256 as the data stage recorded it), test_documents,
+              test_bytes, qa_sha256 (the held-out Q&A file's sha256), qa_source
   passed      false if any red flag failed, else true (flags that could not run, passed=null, do not count)
   metrics     one entry per metric: {"name", "value", "higher_is_better", "group", "artifact_sha256",
               "random_init" (the same metric for a random-init model of the same shape, when measured),
-              "chance" (multiple choice), "details"}; group "domain" holds the headline metrics, "domain_by_type"
-              the same per question type of the embedded Q&A set ("qa_f1.describe", "mc_acc.members", ...)
+              "chance" (multiple choice), "tokenizer" (per-token metrics), "details"}; group "domain" holds the
+              headline metrics, "domain_by_type" the same per question type ("qa_f1.describe", "mc_acc.members").
+              The names the gate and the report compare across models are stable:
+                bits_per_byte              test text, in bits per UTF-8 byte (models/perplexity.py); lower is better
+                bits_per_byte_random_init  the random-init twin's, on the same text (HF targets)
+                bits_per_byte_unigram      the unigram floor: the train text's token frequencies, same tokenizer
+                bits_per_byte_reference    the reference model's, through its own tokenizer (when there is one)
+              and per tokenizer only (group "per_tokenizer", each with its "tokenizer" label): perplexity,
+              perplexity_unigram, perplexity_reference
   flags       one entry per red flag: {"name", "passed", "value", "threshold", "evidence", "artifact_sha256", ...}
   benchmarks  lm-eval scores: {"task", "metric", "value", "stderr", "artifact_sha256"} (null when not run)
   samples     the seeded generations: {"prompt", "seed", "text"}
@@ -26,7 +37,7 @@ from forge.render import fmt
 
 FORMAT = "forge-eval/1"
 DOMAIN = [  # (metric, higher is better, key path in a measure() result)
-    ("perplexity", False, ("perplexity", "ppl")),
+    ("bits_per_byte", False, ("text", "bits_per_byte")),
     ("qa_f1", True, ("qa", "qa_f1")),
     ("qa_exact_match", True, ("qa", "qa_exact_match")),
     ("mc_acc", True, ("mc", "mc_acc")),
@@ -51,7 +62,8 @@ def build_eval(
     flags: list[dict[str, Any]],
     benchmarks: list[dict[str, Any]] | None,
     memorisation: dict[str, Any],
-    reference_ppl: float | None,
+    reference: dict[str, Any] | None,
+    data: dict[str, Any],
 ) -> dict[str, Any]:
     def metric(name: str, value: Any, higher: bool | None, group: str, **extra: Any) -> dict[str, Any]:
         return {"name": name, "value": value, "higher_is_better": higher, "group": group,
@@ -62,9 +74,32 @@ def build_eval(
         extra: dict[str, Any] = {"random_init": _get(baseline, path)}
         if name.startswith("mc_"):
             extra["chance"] = result["mc"]["mc_chance"]
-        if name == "perplexity":
-            extra["details"] = result["perplexity"]
+        if name == "bits_per_byte":
+            extra["details"] = result["text"]
         metrics.append(metric(name, _get(result, path), higher, "domain", **extra))
+    text, tokenizer = result["text"], result["text"]["tokenizer"]
+    metrics.append(
+        metric(
+            "perplexity",
+            text["ppl"],
+            False,
+            "per_tokenizer",
+            tokenizer=tokenizer,
+            random_init=_get(baseline, ("text", "ppl")),
+            details={"tokens": text["tokens"]},
+        )
+    )
+    if baseline is not None:
+        metrics.append(metric("bits_per_byte_random_init", baseline["text"]["bits_per_byte"], False, "baseline"))
+    metrics += [
+        metric("bits_per_byte_unigram", result["unigram"]["bits_per_byte"], False, "baseline"),
+        metric("perplexity_unigram", result["unigram"]["ppl"], False, "per_tokenizer", tokenizer=tokenizer),
+    ]
+    if reference is not None:
+        metrics += [
+            metric("bits_per_byte_reference", reference["bits_per_byte"], False, "reference", details=reference),
+            metric("perplexity_reference", reference["ppl"], False, "per_tokenizer", tokenizer=reference["tokenizer"]),
+        ]
     for task in ("qa", "mc"):  # per question type ("qa_f1.describe"): group domain_by_type
         for name, value in result[task].items():
             if "." in name:
@@ -77,12 +112,9 @@ def build_eval(
         metric("qa_empty_rate", result["qa"]["qa_empty_rate"], None, "domain"),
         metric("mc_examples", result["mc"]["mc_examples"], None, "domain"),
         metric("mc_chance", result["mc"]["mc_chance"], None, "domain"),
-        metric("unigram_ppl", result["unigram_ppl"], False, "baseline"),
         metric("memorisation_train_exact", memorisation["train"]["exact"], None, "memorisation"),
         metric("memorisation_test_exact", memorisation["test"]["exact"], None, "memorisation"),
     ]
-    if reference_ppl is not None:
-        metrics.append(metric("reference_ppl", reference_ppl, False, "reference"))
     for f in flags:
         if isinstance(f["value"], dict):
             metrics += [metric(k, v, None, f"flag:{f['name']}") for k, v in f["value"].items()]
@@ -93,6 +125,8 @@ def build_eval(
     return {
         "format": FORMAT,
         "artifact": {"path": target, "kind": artifact_kind, "sha256": sha256},
+        "tokenizer": tokenizer,
+        "data": data,
         "chat": result["chat"],
         "passed": not any(f["passed"] is False for f in flags),
         "metrics": metrics,
@@ -122,8 +156,6 @@ def plot_domain(report: dict[str, Any], out: Path) -> bool:
         if m.get("chance") is not None:
             ax.axhline(m["chance"], color="tab:red", linestyle="--", linewidth=1, label="chance")
             ax.legend(fontsize=7)
-        if m["name"] == "perplexity":
-            ax.set_yscale("log")
         ax.set_title(f"{m['name']} ({'higher' if m['higher_is_better'] else 'lower'} is better)", fontsize=8)
         ax.tick_params(labelsize=7)
     fig.tight_layout()
@@ -160,7 +192,12 @@ def sections(report: dict[str, Any], plots: list[str]) -> list[tuple[str, list[s
     art = report["artifact"]
     verdict = "PASS" if report["passed"] else "FAIL"
     prompting = "chat template" if report["chat"] else "plain (base model)"
+    tok, data = report["tokenizer"], report["data"]
     summary = [["artifact", art["path"]], ["kind", art["kind"]], ["sha256", art["sha256"]],
+               ["tokenizer", f"{tok['name']} ({tok['vocab_size']} tokens, sha256 {tok['sha256'][:16]})"],
+               ["test text", f"{data['test_documents']} documents, {data['test_bytes']} bytes, "
+                             f"sha256 {data['test_text_sha256'][:16]}"],
+               ["held-out Q&A", f"{data['qa_source']} (sha256 {data['qa_sha256'][:16]})"],
                ["prompting", prompting], ["red flags", verdict]]  # fmt: skip
     domain = [
         [m["name"], fmt(m["value"]), fmt(m.get("random_init")), fmt(m.get("chance")),
@@ -178,11 +215,23 @@ def sections(report: dict[str, Any], plots: list[str]) -> list[tuple[str, list[s
             floor = m.get("chance") if name.startswith("mc_") else counts.get(f"qa_constant_{name[3:]}.{qtype}")
             by_type.append([qtype, name, fmt(examples), fmt(m["value"]), fmt(m.get("random_init")), fmt(floor),
                             _beats(m)])  # fmt: skip
+    per_tokenizer = [
+        [m["name"], fmt(m["value"]), fmt(m.get("random_init")), m["tokenizer"]["name"],
+         str(m["tokenizer"]["vocab_size"]), m["tokenizer"]["sha256"][:16]]
+        for m in report["metrics"] if m["group"] == "per_tokenizer"
+    ]  # fmt: skip
+    floors = [[m["name"], fmt(m["value"])] for m in report["metrics"] if m["group"] in ("baseline", "reference")]
     flags = [[f["name"], {True: "pass", False: "FAIL", None: "n/a"}[f["passed"]], fmt(f["value"]),
               fmt(f["threshold"]), f["evidence"]] for f in report["flags"]]  # fmt: skip
     out = [
         ("Summary", ["", ""], summary),
         ("Domain metrics", ["metric", "model", "random init", "chance", "better", "model beats random init"], domain),
+        ("Bits per byte: floors and reference (the same test text)", ["metric", "bits per byte"], floors),
+        (
+            "Per-token perplexity (comparable only within one tokenizer)",
+            ["metric", "model", "random init", "tokenizer", "vocabulary", "tokenizer sha256"],
+            per_tokenizer,
+        ),
         ("Red flags", ["flag", "result", "value", "threshold", "evidence"], flags),
     ]
     if by_type:

@@ -1,13 +1,14 @@
-"""`forge eval`: perplexity, domain tasks, generations and red flags for one model; eval.json + report.md/html.
+"""`forge eval`: bits per byte, domain tasks, generations and red flags for one model; eval.json + report.md/html.
 
     forge eval --config configs/tiny-cpu.yaml --target pretrain        # runs/<run>/pretrain/model -> eval-pretrain/
     forge eval --config configs/tiny-cpu.yaml --target sft             # runs/<run>/sft/model      -> eval-sft/
     forge eval --config configs/tiny-cpu.yaml --target runs/tiny-cpu/quantize/model-q4_k_m.gguf
     forge eval --config configs/tiny-cpu.yaml --target pretrain --benchmarks forge_qa_mc,arc_easy
 
-Reads the model (an HF directory or a GGUF file), the run's token shards (runs/<run>/tokenizer/shards: test for
-perplexity and memorisation, train for memorisation and the unigram baseline) and the held-out Q&A of the qa stage
-(runs/<run>/qa/qa_eval.jsonl, never trained on; eval-pretrain and eval-sft measure the same pairs).
+Reads the model (an HF directory or a GGUF file), the data stage's TEXT (runs/<run>/data/<split>-NNNNN.parquet:
+test for bits per byte, generation prompts and memorisation, train for memorisation and the unigram floor; see
+evaluation/text.py), tokenized by each model's own tokenizer, the reference model's too, and the held-out Q&A of the
+qa stage (runs/<run>/qa/qa_eval.jsonl, never trained on; eval-pretrain and eval-sft measure the same pairs).
 Writes into runs/<run>/eval-<target>/ (a path target: eval-<name>-<hash>/):
   eval.json            one entry per metric and per red flag, each with the artifact's sha256 (evaluation/report.py)
   report.md, report.html, plots/*.png
@@ -15,6 +16,13 @@ Writes into runs/<run>/eval-<target>/ (a path target: eval-<name>-<hash>/):
   samples.json         the seeded generations
   lm_eval/             with --benchmarks: the lm-eval task files and lm-eval's results
 The eval.json and report are also logged to the MLflow run of the stage that produced the model.
+
+Bits per byte (models/perplexity.py has the exact rule) is what is compared across models: the report, the red
+flags (drift against the reference, incoherence against the unigram floor, untrained) and the gate. Per-token
+perplexity is reported beside it, labelled with its tokenizer. The random-init floor is a twin of the model's
+architecture with its tokenizer, scored on the same text and the same multiple-choice items through the same
+batched path; it answers only a quarter of the Q&A (RANDOM_QA_SHARE): an untrained model never stops before
+max_new_tokens, so its generations would cost more than the model's, and its F1 is near 0 on any subset.
 """
 
 from __future__ import annotations
@@ -27,13 +35,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from evaluation import red_flags, tasks
 from evaluation.report import write_report
+from evaluation.text import SplitText, split_id, test_text, train_text
 from forge import ForgeError
 from forge.config import ForgeConfig
-from forge.hashing import sha256_tree
+from forge.hashing import hash_inputs, sha256_tree
 from forge.io import atomic_write_jsonl, atomic_write_text, remove_path
 from forge.lineage import Stage, candidate_model, completed_manifest, read_manifest, run_stage
 from forge.paths import run_dir
@@ -41,6 +48,7 @@ from models.access import Backend, HFBackend, is_chat_model, open_model
 from models.gguf import check_gguf
 
 log = logging.getLogger("forge.eval")
+RANDOM_QA_SHARE = 0.25  # of the Q&A the model answers, the share its random-init twin answers
 
 STAGE_TARGETS = ("pretrain", "sft")
 OUTPUTS = (
@@ -78,16 +86,6 @@ def resolve_target(cfg: ForgeConfig, target: str) -> tuple[Path, str, Path | Non
     digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:8]
     producer = resolved.parent if read_manifest(resolved.parent) else None
     return path, f"eval-{slug}-{digest}", producer
-
-
-def shards_dir(cfg: ForgeConfig) -> Path:
-    shards = run_dir(cfg) / "tokenizer" / "shards"
-    if not (shards / "meta.json").is_file():
-        raise ForgeError(f"{shards}/meta.json not found: eval needs the run's test split; run `forge tokenizer`")
-    meta = json.loads((shards / "meta.json").read_text(encoding="utf-8"))
-    if meta.get("splits", {}).get("test", {}).get("documents", 0) == 0:
-        raise ForgeError(f"the test split in {shards} is empty: nothing to measure perplexity on; check forge data")
-    return shards
 
 
 def qa_input(cfg: ForgeConfig) -> Path:
@@ -137,13 +135,6 @@ def find_history(model: Path) -> Path | None:
     return None
 
 
-def train_tokens_id(shards: Path) -> Path | str:
-    """The train split's identity for the skip key: its recorded sha256 (no need to re-hash a big file)."""
-    manifest = read_manifest(shards.parent) or {}
-    recorded = manifest.get("outputs", {}).get("shards/train.bin")
-    return f"sha256:{recorded}" if recorded else shards / "train.bin"
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # the stage
 
@@ -156,7 +147,7 @@ def run(
 
     refuse_wrong_domain(cfg, source_kind(cfg)[0])  # first: Q&A of the wrong domain is refused outright
     model, name, producer = resolve_target(cfg, target)
-    shards = shards_dir(cfg)
+    test = test_text(cfg)  # first: an empty test split is an error before any stage directory is written
     qa_source = qa_input(cfg)
     reference = resolve_reference(cfg, target, model)
     history = find_history(model)
@@ -164,8 +155,8 @@ def run(
     if bench and model.suffix == ".gguf":
         raise ForgeError("--benchmarks runs lm-eval on an HF model directory, not a .gguf file; pass a model dir")
     inputs: dict[str, Path | str] = {
-        "model": model, "test": shards / "test.bin", "test_index": shards / "test.idx",
-        "train": train_tokens_id(shards), "qa": qa_source,
+        "model": model, "test_text": f"sha256:{test.sha256}",
+        "train_text": f"sha256:{split_id(cfg, 'train')}", "qa": qa_source,
     }  # fmt: skip
     if reference is not None:
         inputs["reference"] = reference
@@ -179,7 +170,7 @@ def run(
     drift_bound = cfg.eval.max_finetune_ppl_drift if finetune_vs_base else cfg.eval.max_ppl_drift
 
     def body(s: Stage) -> dict[str, float]:
-        return evaluate(s, model, shards, qa_source, reference, history, bench, producer, drift_bound)
+        return evaluate(s, model, test, qa_source, reference, history, bench, producer, drift_bound)
 
     return run_stage(stage, body, force=force)
 
@@ -187,7 +178,7 @@ def run(
 def evaluate(
     stage: Stage,
     model: Path,
-    shards: Path,
+    test: SplitText,
     qa_source: Path,
     reference: Path | None,
     history: Path | None,
@@ -197,74 +188,62 @@ def evaluate(
 ) -> dict[str, float]:
     import torch
 
-    from pretrain.token_shards import load_split
-
     cfg, ecfg = stage.cfg, stage.cfg.eval
     for old in OUTPUTS:  # a forced re-run must not leave a previous run's files (lm_eval/, plots) behind
         remove_path(stage.dir / old)
     torch.manual_seed(cfg.seed)
-    test_tokens, test_offsets = load_split(shards, "test")
-    train_tokens, train_offsets = load_split(shards, "train")
-    if len(test_tokens) < 2:
-        raise ForgeError(f"the test split in {shards} is empty: nothing to measure perplexity on; check forge data")
-    ids = np.asarray(test_tokens[: ecfg.max_test_tokens], dtype=np.int64)
+    train = train_text(cfg)
     records = load_qa(cfg, qa_source)
     atomic_write_jsonl(stage.dir / "qa_eval.jsonl", records)
+    data = {"test_text_sha256": test.sha256, "test_shards": test.shards, "test_documents": len(test.documents),
+            "test_bytes": test.bytes, "qa_sha256": hash_inputs({"qa": qa_source})["qa"],
+            "qa_source": str(qa_source)}  # fmt: skip
 
     backend = open_model(model)
     try:
         chat = is_chat_model(backend) if ecfg.chat is None else ecfg.chat
         if ecfg.chat is None and backend.kind == "gguf" and reference is not None and reference.is_dir():
             chat = bool(backend.chat_template) and not (reference / "forge_pretrain.json").is_file()  # its source
-        log.info("eval: %s (%s, %s model), %d test tokens, %d held-out Q&A", model, backend.kind,
-                 "chat" if chat else "base", len(ids), len(records))  # fmt: skip
-        window = min(ecfg.ppl_window or backend.context, backend.context)
-        stride = ecfg.ppl_stride or max(window // 2, 1)
-        result = measure(backend, cfg, ids, records, chat, window, stride, test_tokens, test_offsets)
+        log.info("eval: %s (%s, %s model), %d test documents (%d bytes), %d held-out Q&A", model, backend.kind,
+                 "chat" if chat else "base", len(test.documents), test.bytes, len(records))  # fmt: skip
+        window, stride = score_window(backend, ecfg.ppl_window, ecfg.ppl_stride)
+        result = measure(backend, cfg, test.documents, records, chat, window, stride, qa_share=1.0)
         result["chat"] = chat
-        result["unigram_ppl"] = tasks.unigram_perplexity(train_tokens, ids, backend.vocab_size)
-        train_docs = tasks.pick_documents(
-            train_tokens, train_offsets, ecfg.memorisation_docs, ecfg.memorisation_prefix + ecfg.memorisation_suffix,
-            cfg.seed,
-        )  # fmt: skip
-        test_docs = tasks.pick_documents(
-            test_tokens, test_offsets, ecfg.memorisation_docs, ecfg.memorisation_prefix + ecfg.memorisation_suffix,
-            cfg.seed,
-        )  # fmt: skip
+        result["unigram"] = tasks.unigram_floor(backend, train.documents, test.documents)
+        memorised = ecfg.memorisation_prefix + ecfg.memorisation_suffix
+        train_docs = tasks.pick_documents(backend, train.documents, ecfg.memorisation_docs, memorised, cfg.seed)
+        test_docs = tasks.pick_documents(backend, test.documents, ecfg.memorisation_docs, memorised, cfg.seed)
         mem_train = tasks.verbatim_rate(backend, train_docs, ecfg.memorisation_prefix, ecfg.memorisation_suffix)
         mem_test = tasks.verbatim_rate(backend, test_docs, ecfg.memorisation_prefix, ecfg.memorisation_suffix)
         baseline = None
         if ecfg.random_baseline and isinstance(backend, HFBackend):
             random_backend = random_init_backend(backend, cfg.seed)
-            baseline = measure(random_backend, cfg, ids, records, chat, window, stride, test_tokens, test_offsets)
+            baseline = measure(random_backend, cfg, test.documents, records, chat, window, stride,
+                               qa_share=RANDOM_QA_SHARE, generations=False)  # fmt: skip
         vocab = backend.vocab_size
     finally:
         backend.close()
 
-    ref_ppl = None
+    ref_text = None
     if reference is not None:
         ref_backend = open_model(reference)
-        try:
-            ref_window = min(window, ref_backend.context)
-            if ref_window != window:
-                raise ForgeError(
-                    f"eval.reference {reference}: its context ({ref_backend.context}) is shorter than the perplexity "
-                    f"window {window}; set eval.ppl_window <= {ref_backend.context}"
-                )
-            ref_ppl = ref_backend.perplexity(ids, window, stride).ppl
+        try:  # its own tokenizer and its own window (the same rule, cut to its context)
+            ref_window, ref_stride = score_window(ref_backend, ecfg.ppl_window, ecfg.ppl_stride)
+            ref_text = ref_backend.score_text(test.documents, ref_window, ref_stride, "eval: reference bits per byte")
+            ref_text = ref_text.as_dict()
         finally:
             ref_backend.close()
 
     history_records = _read_jsonl(history) if history else None
     generations = [s["ids"] for s in result["samples"]]
-    ppl = result["perplexity"]["ppl"]
+    text = result["text"]
     flags = [
         red_flags.repetition(generations, ecfg),
-        red_flags.ppl_drift(ppl, ref_ppl, str(reference) if reference else None, drift_bound),
+        red_flags.ppl_drift(text, ref_text, str(reference) if reference else None, drift_bound),
         red_flags.val_rise(history_records, str(history) if history else None, ecfg),
         red_flags.memorisation(mem_train, mem_test, ecfg),
-        red_flags.incoherence(ppl, result["unigram_ppl"], generations, ecfg),
-        red_flags.untrained(ppl, vocab, ecfg),
+        red_flags.incoherence(text["bits_per_byte"], result["unigram"]["bits_per_byte"], generations, ecfg),
+        red_flags.untrained(text, vocab, ecfg),
     ]
     bench_results = None
     if benchmarks:
@@ -281,7 +260,7 @@ def evaluate(
     report = write_report(
         stage.dir, target=str(model), artifact_kind="gguf" if model.suffix == ".gguf" else "hf",
         sha256=sha256_tree(model), result=result, baseline=baseline, flags=flags, benchmarks=bench_results,
-        memorisation={"train": mem_train, "test": mem_test}, reference_ppl=ref_ppl, cfg=cfg,
+        memorisation={"train": mem_train, "test": mem_test}, reference=ref_text, data=data, cfg=cfg,
     )  # fmt: skip
     log_to_producer(stage, producer, report)
     for f in flags:
@@ -293,36 +272,46 @@ def evaluate(
     return metrics
 
 
+def score_window(backend: Backend, window: int | None, stride: int | None) -> tuple[int, int]:
+    """(window, stride) in the backend's tokens: eval.ppl_window cut to its context, stride half the window."""
+    size = min(window or backend.context, backend.context)
+    return size, min(stride or max(size // 2, 1), size)
+
+
 def measure(
     backend: Backend,
     cfg: ForgeConfig,
-    ids: np.ndarray,
+    texts: list[str],
     records: list[dict[str, Any]],
     chat: bool,
     window: int,
     stride: int,
-    test_tokens: np.ndarray,
-    test_offsets: np.ndarray,
+    qa_share: float,
+    generations: bool = True,
 ) -> dict[str, Any]:
-    """Perplexity, QA, multiple choice and generations of one backend (the model, or its random-init twin)."""
+    """Bits per byte, QA (`qa_share` of the selected pairs), multiple choice and generations of one backend (the
+    model, or its random-init twin)."""
     ecfg = cfg.eval
-    ppl = backend.perplexity(ids, window, stride)
+    text = backend.score_text(texts, window, stride, "eval: bits per byte")
     if not chat and ecfg.base_fewshot:
         records = tasks.with_fewshot(records, ecfg.base_fewshot, cfg.seed)
     chosen = tasks.select_qa(records, ecfg.qa_max_examples)
+    chosen = tasks.select_qa(chosen, max(1, math.ceil(qa_share * len(chosen))))
     qa, qa_predictions = tasks.run_qa(backend, chosen, chat, ecfg.max_new_tokens)
     items = tasks.build_mc_items(records, ecfg.mc_choices, cfg.seed)
     items = tasks.select_qa(items, ecfg.mc_max_examples)
     mc, mc_predictions = tasks.run_mc(backend, items, chat)
-    if ecfg.prompts:
-        prompts = [(p, backend.encode(backend.render_chat([{"role": "user", "content": p}]), special=True) if chat
-                    else backend.encode(p)) for p in ecfg.prompts]  # fmt: skip
-    else:
-        doc_prompts = tasks.document_prompts(test_tokens, test_offsets, ecfg.generation_prompts, ecfg.prompt_tokens)
-        prompts = [(backend.decode(p), p) for p in doc_prompts]
-    samples = tasks.run_generations(backend, prompts, ecfg.max_new_tokens, ecfg.temperature, ecfg.top_k, cfg.seed)
+    samples = []
+    if generations:
+        if ecfg.prompts:
+            prompts = [(p, backend.encode(backend.render_chat([{"role": "user", "content": p}]), special=True)
+                        if chat else backend.encode(p)) for p in ecfg.prompts]  # fmt: skip
+        else:
+            doc_prompts = tasks.document_prompts(backend, texts, ecfg.generation_prompts, ecfg.prompt_tokens)
+            prompts = [(backend.decode(p), p) for p in doc_prompts]
+        samples = tasks.run_generations(backend, prompts, ecfg.max_new_tokens, ecfg.temperature, ecfg.top_k, cfg.seed)
     return {
-        "perplexity": ppl.as_dict(), "qa": qa, "mc": mc, "samples": samples, "qa_predictions": qa_predictions,
+        "text": text.as_dict(), "qa": qa, "mc": mc, "samples": samples, "qa_predictions": qa_predictions,
         "mc_items": items, "mc_predictions": mc_predictions,
     }  # fmt: skip
 
@@ -334,7 +323,7 @@ def random_init_backend(backend: HFBackend, seed: int) -> HFBackend:
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(backend.model.config)
-    return HFBackend(backend.path, model=model, tokenizer=backend.tokenizer)
+    return HFBackend(backend.path, model=model, tokenizer=backend.tokenizer, device=str(backend.device))
 
 
 def log_to_producer(stage: Stage, producer: Path | None, report: dict[str, Any]) -> None:

@@ -13,6 +13,10 @@
   generations   configured prompts (else the first tokens of test documents) continued by sampling with a fixed
                 seed per prompt, saved for the report and measured by the repetition and incoherence flags
   memorisation  greedy continuation of training documents versus test documents: the share reproduced verbatim
+  unigram       the floor bits per byte are compared with: the train text's token frequencies, per tokenizer
+
+Every task tokenizes text with the backend's own tokenizer (prompts, answers, documents): no model is ever given
+another model's ids.
 
 Records with a question type (the embedded set: describe, details, members, module) are also scored per type
 ("qa_f1.describe", "mc_acc.members"), with the exact match of the best constant answer as each type's floor: a
@@ -27,6 +31,7 @@ the first blank line.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import re
 import string
@@ -255,28 +260,47 @@ def build_mc_items(records: list[dict[str, Any]], choices: int, seed: int) -> li
     return items
 
 
-def run_mc(backend: Backend, items: list[dict[str, Any]], chat: bool) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Accuracy by summed, length-normalised and question-conditional (PMI) log-likelihood; returns (metrics, one
-    row per item)."""
-    priors: dict[tuple[tuple[int, ...], str], float] = {}  # log p(answer | no question): answers recur as distractors
-    rows = []
+MCPairs = tuple[list[tuple[list[int], list[int]]], list[list[list[int]]]]
+
+
+def mc_pairs(backend: Backend, items: list[dict[str, Any]], chat: bool) -> MCPairs:
+    """Every distinct (prompt, answer) pair the items need, in item order, and per item the index of each
+    choice's pair after its prompt and after its question-free prompt."""
+    pairs: list[tuple[list[int], list[int]]] = []
+    where: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}  # one score per distinct (prompt, answer)
+    keys = []  # per item: ([index of each choice's score], [index of each choice's question-free score])
     for item in items:
         context, question_free = question_prompt(backend, item, chat), question_free_prompt(backend, item, chat)
         answers = [answer_ids(backend, c, chat) for c in item["choices"]]
-        scores = [backend.continuation_logprob(context, a) for a in answers]
-        keys = [(tuple(question_free), c) for c in item["choices"]]
-        for key, a in zip(keys, answers, strict=True):
-            if key not in priors:
-                priors[key] = backend.continuation_logprob(question_free, a)
+        indices = []
+        for prompt in (context, question_free):  # answers recur as distractors: their question-free score once
+            for answer in answers:
+                key = (tuple(prompt), tuple(answer))
+                if key not in where:
+                    where[key] = len(pairs)
+                    pairs.append((prompt, answer))
+            indices.append([where[(tuple(prompt), tuple(a))] for a in answers])
+        keys.append(indices)
+    return pairs, keys
+
+
+def run_mc(backend: Backend, items: list[dict[str, Any]], chat: bool) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Accuracy by summed, length-normalised and question-conditional (PMI) log-likelihood; returns (metrics, one
+    row per item). Every (prompt, choice) of every item is scored in one `continuation_logprobs` call (batched
+    forwards on the HF path; on llama.cpp each item's prompt is evaluated once for all its choices)."""
+    pairs, keys = mc_pairs(backend, items, chat)
+    logprobs = backend.continuation_logprobs(pairs, desc="eval: multiple choice")
+    rows = []
+    for item, (scored, free) in zip(items, keys, strict=True):
+        scores, priors = [logprobs[i] for i in scored], [logprobs[i] for i in free]
         norm = [s / max(len(c), 1) for s, c in zip(scores, item["choices"], strict=True)]
-        pmi = [s - priors[key] for s, key in zip(scores, keys, strict=True)]
+        pmi = [s - p for s, p in zip(scores, priors, strict=True)]
         pred, pred_norm, pred_pmi = int(np.argmax(scores)), int(np.argmax(norm)), int(np.argmax(pmi))
         rows.append({
             "question": item["question"], "qtype": item.get("qtype"), "gold": item["gold"], "pred": pred,
             "pred_norm": pred_norm, "pred_pmi": pred_pmi, "correct": pred == item["gold"],
             "correct_norm": pred_norm == item["gold"], "correct_pmi": pred_pmi == item["gold"],
-            "logprobs": [round(s, 4) for s in scores],
-            "question_free_logprobs": [round(priors[key], 4) for key in keys],
+            "logprobs": [round(s, 4) for s in scores], "question_free_logprobs": [round(p, 4) for p in priors],
         })  # fmt: skip
     n = max(len(rows), 1)
     k = len(items[0]["choices"]) if items else 0
@@ -295,12 +319,13 @@ def run_mc(backend: Backend, items: list[dict[str, Any]], chat: bool) -> tuple[d
 # generations
 
 
-def document_prompts(tokens: np.ndarray, offsets: np.ndarray, n: int, length: int) -> list[list[int]]:
-    """The first `length` ids of the first `n` documents longer than 2 x length."""
+def document_prompts(backend: Backend, texts: Sequence[str], n: int, length: int) -> list[list[int]]:
+    """The first `length` ids (the backend's own) of the first `n` documents longer than 2 x length ids."""
     out = []
-    for start, end in zip(offsets[:-1], offsets[1:], strict=True):
-        if end - start > 2 * length:
-            out.append([int(t) for t in tokens[start : start + length]])
+    for text in texts:
+        ids = backend.encode(text)
+        if len(ids) > 2 * length:
+            out.append(ids[:length])
         if len(out) == n:
             break
     return out
@@ -328,13 +353,16 @@ def run_generations(
 # memorisation
 
 
-def pick_documents(tokens: np.ndarray, offsets: np.ndarray, n: int, min_len: int, seed: int) -> list[np.ndarray]:
-    """`n` documents of at least `min_len` ids, a seeded sample."""
-    lengths = np.diff(offsets) - 1  # without the EOS
-    eligible = np.flatnonzero(lengths >= min_len)
-    rng = np.random.default_rng(seed)
-    chosen = np.sort(rng.choice(eligible, size=min(n, len(eligible)), replace=False)) if len(eligible) else []
-    return [np.asarray(tokens[offsets[i] : offsets[i + 1] - 1], dtype=np.int64) for i in chosen]
+def pick_documents(backend: Backend, texts: Sequence[str], n: int, min_len: int, seed: int) -> list[np.ndarray]:
+    """`n` documents of at least `min_len` ids of the backend's tokenizer: the first that long in a seeded order."""
+    out = []
+    for i in np.random.default_rng(seed).permutation(len(texts)):
+        ids = backend.encode(texts[i])
+        if len(ids) >= min_len:
+            out.append(np.asarray(ids, dtype=np.int64))
+        if len(out) == n:
+            break
+    return out
 
 
 def verbatim_rate(backend: Backend, documents: list[np.ndarray], prefix: int, suffix: int) -> dict[str, float]:
@@ -352,13 +380,25 @@ def verbatim_rate(backend: Backend, documents: list[np.ndarray], prefix: int, su
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# a unigram baseline: what "low perplexity" is measured against
+# a unigram floor: what "low bits per byte" is measured against
 
 
-def unigram_perplexity(train_tokens: np.ndarray, test_ids: np.ndarray, vocab_size: int) -> float:
-    """Perplexity of the add-one-smoothed unigram distribution of the train split on the test ids."""
-    counts = np.bincount(np.asarray(train_tokens, dtype=np.int64), minlength=vocab_size)[:vocab_size] + 1.0
+def unigram_floor(backend: Backend, train_texts: Sequence[str], test_texts: Sequence[str]) -> dict[str, Any]:
+    """Bits per byte (and per-token perplexity) of the add-one-smoothed unigram distribution of the backend's
+    tokenizer, fitted on the train text, on every id of the test documents (over the same bytes as score_text)."""
+    counts = np.ones(backend.vocab_size, dtype=np.float64)
+    for text in train_texts:
+        ids = np.asarray(backend.encode(text), dtype=np.int64)
+        counts += np.bincount(ids[ids < backend.vocab_size], minlength=backend.vocab_size)
     logp = np.log(counts / counts.sum())
-    ids = np.asarray(test_ids, dtype=np.int64)[1:]
-    ids = ids[ids < vocab_size]
-    return float(np.exp(-logp[ids].mean())) if len(ids) else float("nan")
+    nll = tokens = n_bytes = 0.0
+    for text in test_texts:
+        ids = np.asarray(backend.encode(text), dtype=np.int64)
+        if len(ids):
+            nll -= float(logp[np.minimum(ids, backend.vocab_size - 1)].sum())
+            tokens += len(ids)
+            n_bytes += len(text.encode("utf-8"))
+    if not tokens:
+        return {"bits_per_byte": float("nan"), "ppl": float("nan"), "tokenizer": backend.tokenizer_info()}
+    return {"bits_per_byte": nll / math.log(2) / n_bytes, "ppl": math.exp(nll / tokens),
+            "tokenizer": backend.tokenizer_info()}  # fmt: skip

@@ -413,11 +413,12 @@ class SFTConfig(Section):
 
 
 class EvalConfig(Section):
-    """`forge eval`: perplexity, domain tasks, generations and the red flags' thresholds (see evaluation/)."""
+    """`forge eval`: bits per byte, domain tasks, generations and the red flags' thresholds (see evaluation/)."""
 
-    ppl_window: int | None = None  # None: the model's context length
+    ppl_window: int | None = None  # tokens; None: each model's own context length
     ppl_stride: int | None = None  # None: half the window
-    max_test_tokens: int | None = 200_000
+    # UTF-8 bytes of test text scored (whole documents in order); the same text for every model, whatever its tokenizer
+    max_test_bytes: int | None = Field(800_000, ge=1)
     qa_max_examples: int = Field(200, ge=1)  # held-out Q&A pairs answered by generation (the slow part)
     mc_max_examples: int = Field(1000, ge=1)  # multiple-choice items: cheap to score, and 200 leave +-0.03 of noise
     mc_choices: int = Field(4, ge=2)
@@ -439,7 +440,7 @@ class EvalConfig(Section):
     repetition_ngram: int = Field(4, ge=1)
     max_repeated_ngram_rate: float = 0.5
     min_distinct_2: float = 0.2
-    max_ppl_drift: float = 0.10  # relative perplexity increase against the reference model
+    max_ppl_drift: float = 0.10  # relative bits-per-byte increase against the reference model
     # ... against the base model of a fine-tune (SFT's default reference): SFT on Q&A trades some raw-text
     # prediction for instruction following; more than this on the test split is forgetting the domain's text.
     max_finetune_ppl_drift: float = 0.25
@@ -450,7 +451,7 @@ class EvalConfig(Section):
     max_memorisation_gap: float = 0.2  # verbatim continuation rate, train minus test
     min_generation_tokens: int = Field(4, ge=0)  # shorter generations count as degenerate
     max_degenerate_rate: float = 0.5  # incoherence: share of degenerate generations allowed at low perplexity
-    incoherence_ppl_ratio: float = Field(1.0, gt=0)  # "low perplexity": below this x the unigram baseline
+    incoherence_ppl_ratio: float = Field(1.0, gt=0)  # "low perplexity": bits per byte below this x the unigram's
     max_uniform_ppl_ratio: float = Field(0.5, gt=0)  # untrained: test perplexity / vocabulary size at or above it
 
 

@@ -5,15 +5,26 @@ by llama.cpp. Evaluation, quantization and serving measure and run both through 
     model = open_model(model_dir, quantization="nf4")               # bitsandbytes int8 / nf4 (HF directories)
     model.perplexity(ids, window=256, stride=128)                   # models/perplexity.py underneath
     model.continuation_logprob(context_ids, continuation_ids)       # sum of log p(continuation | context)
+    model.continuation_logprobs([(context_ids, continuation_ids), ...])  # many at once (batched on HF)
+    model.score_text(["doc one", "doc two"], window=256, stride=128)  # TextScore: bits per byte, labelled ppl
     model.generate(prompt_ids, 64, temperature=0.8, top_k=50, seed=0, stop_ids={3})
     model.timed_greedy(prompt_ids, 32)                              # greedy ids + prompt and decode seconds
 
 Sampling is done here, from the logits, with a numpy generator seeded per call: the same seed gives the same
 sample on the same weights, whichever backend runs them. `temperature=0` is greedy.
+
+Scoring many sequences (`score_tails`: the summed log-probability of each sequence's last ids) is one padded
+forward per batch on the HF path (right-padded, with an attention mask; the longest sequences first so a batch
+wastes little padding) and one llama.cpp evaluation per sequence on the GGUF path, where each sequence reuses the
+KV cache of the ids it shares with the previous one (the prompt all choices of a question share is evaluated once).
+HF models run in fp32, on CUDA when there is one (fp32 there too: the scores then agree with the CPU's to float
+rounding, which bf16's 8-bit mantissa would not).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,10 +34,21 @@ from typing import Any
 import numpy as np
 
 from forge import ForgeError
+from forge.progress import progress
 from models.gguf import check_gguf, gguf_metadata, load_llama
-from models.perplexity import Perplexity, model_context_length, perplexity_hf, perplexity_llama
+from models.perplexity import (
+    Perplexity,
+    TextScore,
+    _nll_from_logits,
+    document_windows,
+    model_context_length,
+    perplexity_hf,
+    perplexity_llama,
+)
 
 QUANTIZATIONS = ("none", "int8", "nf4")  # bitsandbytes at load time (HF directories only)
+BATCH_TOKENS = 16_384  # ids in one padded forward of the HF path
+BATCH_LOGITS = 1 << 26  # logits in one padded forward (256 MiB in fp32): bounds memory for a large vocabulary
 
 
 def _one_line(exc: BaseException) -> str:
@@ -46,10 +68,11 @@ def sample_token(logits: np.ndarray, temperature: float, top_k: int, rng: np.ran
     return int(keep[rng.choice(len(keep), p=probs)])
 
 
-def _log_softmax_rows(rows: np.ndarray) -> np.ndarray:
-    rows = np.asarray(rows, dtype=np.float64)
-    rows = rows - rows.max(axis=-1, keepdims=True)
-    return rows - np.log(np.exp(rows).sum(axis=-1, keepdims=True))
+def tokenizer_label(name: str, tokens: Sequence[str]) -> dict[str, Any]:
+    """{"name", "vocab_size", "sha256"} of a tokenizer: the sha256 is of its token strings in id order, so a model
+    and its GGUF export, which carry the same vocabulary, get the same label."""
+    digest = hashlib.sha256(json.dumps(list(tokens), ensure_ascii=False).encode()).hexdigest()
+    return {"name": name, "vocab_size": len(tokens), "sha256": digest}
 
 
 class Backend:
@@ -73,6 +96,13 @@ class Backend:
         raise NotImplementedError
 
     def perplexity(self, ids: Sequence[int], window: int, stride: int) -> Perplexity:
+        raise NotImplementedError
+
+    def document_separator(self) -> int:
+        """The id a document is read after (models/perplexity.py): BOS when the tokenizer adds one, else EOS."""
+        raise NotImplementedError
+
+    def tokenizer_info(self) -> dict[str, Any]:
         raise NotImplementedError
 
     def _start(self, prompt: list[int]) -> np.ndarray:
@@ -99,18 +129,58 @@ class Backend:
         env.globals["raise_exception"] = raise_exception
         return env.from_string(self.chat_template).render(messages=messages, add_generation_prompt=True)
 
-    def continuation_logprob(self, context: Sequence[int], continuation: Sequence[int]) -> float:
-        """Sum of log p(continuation | context); the context is cut from the left to fit the model's context."""
+    def score_tails(self, requests: Sequence[tuple[Sequence[int], int]], desc: str = "scoring") -> list[float]:
+        """For each (ids, n): the summed log-probability of the last n ids given the ids before them. One
+        sequence per forward pass here; HFBackend batches them, GGUFBackend reuses the KV cache of shared prefixes."""
+        out = []
+        for ids, n in progress(requests, desc=desc, unit="seq"):
+            ids = np.asarray(ids, dtype=np.int64)
+            out.append(-float(_nll_from_logits(self.logits(ids), ids, n).sum()))
+        return out
+
+    def _fit(self, context: Sequence[int], continuation: Sequence[int]) -> tuple[list[int], int]:
+        """(context + continuation, scored ids), the context cut from the left to fit the model's context; with no
+        context, nothing predicts the continuation's first id, so it becomes the context."""
         continuation = list(continuation)[: self.context - 1]
         context = list(context)[-(self.context - len(continuation)) :] if context else []
-        if not context:  # nothing predicts the first id: score from the second on
+        if not context:
             context, continuation = continuation[:1], continuation[1:]
-        if not continuation:
-            return 0.0
-        ids = context + continuation
-        rows = self.logits(ids)[len(context) - 1 : len(ids) - 1]
-        logp = _log_softmax_rows(rows)
-        return float(logp[np.arange(len(continuation)), continuation].sum())
+        return context + continuation, len(continuation)
+
+    def continuation_logprobs(
+        self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], desc: str = "scoring"
+    ) -> list[float]:
+        """Sum of log p(continuation | context) for each (context, continuation) pair, scored together."""
+        fitted = [self._fit(context, continuation) for context, continuation in pairs]
+        scored = [i for i, (_, n) in enumerate(fitted) if n > 0]
+        out = [0.0] * len(fitted)
+        for i, value in zip(scored, self.score_tails([fitted[i] for i in scored], desc), strict=True):
+            out[i] = value
+        return out
+
+    def continuation_logprob(self, context: Sequence[int], continuation: Sequence[int]) -> float:
+        """Sum of log p(continuation | context); the context is cut from the left to fit the model's context."""
+        return self.continuation_logprobs([(context, continuation)])[0]
+
+    def score_text(self, texts: Sequence[str], window: int, stride: int, desc: str = "bits per byte") -> TextScore:
+        """Bits per byte and per-token perplexity of the documents `texts`, each tokenized by this model's own
+        tokenizer and cut into sliding windows (the rule is in models/perplexity.py's docstring)."""
+        if window > self.context:
+            raise ForgeError(f"window={window} is longer than the context of {self.path} ({self.context} tokens)")
+        documents, n_bytes = [], 0
+        for text in texts:
+            ids = self.encode(text)
+            if ids:
+                documents.append(ids)
+                n_bytes += len(text.encode("utf-8"))
+        if not documents:
+            raise ForgeError("no text to score: every document is empty")
+        requests = document_windows(documents, self.document_separator(), window, stride)
+        nll = -sum(self.score_tails(requests, desc))
+        return TextScore(
+            nll=nll, tokens=sum(n for _, n in requests), bytes=n_bytes, documents=len(documents),
+            windows=len(requests), window=window, stride=stride, tokenizer=self.tokenizer_info(),
+        )  # fmt: skip
 
     def generate(
         self,
@@ -179,7 +249,10 @@ class HFBackend(Backend):
 
     kind = "hf"
 
-    def __init__(self, path: Path, model: Any = None, tokenizer: Any = None, quantization: str = "none"):
+    def __init__(
+        self, path: Path, model: Any = None, tokenizer: Any = None, quantization: str = "none",
+        device: str | None = None,
+    ):  # fmt: skip
         import inspect
 
         self.path = Path(path)
@@ -197,6 +270,8 @@ class HFBackend(Backend):
                 tokenizer = AutoTokenizer.from_pretrained(self.path)
             except Exception as exc:  # noqa: BLE001
                 raise ForgeError(f"{self.path} has no loadable tokenizer: {_one_line(exc)}") from None
+        if quantization == "none":  # bitsandbytes placed a quantized model already
+            model = model.to(device or default_device())
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.tokenizer = tokenizer
@@ -232,6 +307,51 @@ class HFBackend(Backend):
     def perplexity(self, ids: Sequence[int], window: int, stride: int) -> Perplexity:
         return perplexity_hf(self.model, ids, window, stride)
 
+    def document_separator(self) -> int:
+        bos = self.tokenizer.bos_token_id
+        with_special = self.tokenizer("a", add_special_tokens=True)["input_ids"]
+        if bos is not None and with_special[:1] == [bos]:
+            return int(bos)
+        separator = self.eos_id if self.eos_id is not None else bos
+        if separator is None:
+            raise ForgeError(f"the tokenizer of {self.path} has neither a BOS nor an EOS token: documents cannot be "
+                             "scored from their first token; set tokenizer_config.json's eos_token")  # fmt: skip
+        return int(separator)
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        tokens = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+        return tokenizer_label(f"{type(self.tokenizer).__name__}:{self.path.name}", tokens)
+
+    def score_tails(self, requests: Sequence[tuple[Sequence[int], int]], desc: str = "scoring") -> list[float]:
+        """Batched: the longest sequences first, right-padded into forwards of BATCH_TOKENS ids and BATCH_LOGITS
+        logits at most; padding is masked out and never scored."""
+        import torch
+
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i][0]), reverse=True)
+        out = [0.0] * len(requests)
+        with progress(total=len(requests), desc=desc, unit="seq") as bar:
+            start = 0
+            while start < len(order):
+                longest = len(requests[order[start]][0])
+                rows = max(1, min(BATCH_TOKENS // longest, BATCH_LOGITS // (longest * self.vocab_size)))
+                batch = order[start : start + rows]
+                start += len(batch)
+                ids = torch.zeros((len(batch), longest), dtype=torch.long)
+                mask = torch.zeros_like(ids)
+                for row, i in enumerate(batch):
+                    seq = torch.as_tensor(list(requests[i][0]), dtype=torch.long)
+                    ids[row, : len(seq)], mask[row, : len(seq)] = seq, 1
+                ids, mask = ids.to(self.device), mask.to(self.device)
+                with torch.inference_mode():
+                    logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()
+                    logp = logits.gather(-1, ids[:, 1:, None])[..., 0] - torch.logsumexp(logits, dim=-1)
+                logp = logp.cpu().double().numpy()
+                for row, i in enumerate(batch):
+                    length, n = len(requests[i][0]), requests[i][1]
+                    out[i] = float(logp[row, length - 1 - n : length - 1].sum())
+                bar.update(len(batch))
+        return out
+
     def _start(self, prompt: list[int]) -> np.ndarray:
         import torch
 
@@ -247,6 +367,12 @@ class HFBackend(Backend):
             out = self.model(input_ids=self._ids([token]), use_cache=True, **{self._cache_arg: self._past})
         self._past = getattr(out, self._cache_arg)
         return out.logits[0, -1].float().cpu().numpy()
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _load_hf(path: Path, quantization: str) -> Any:
@@ -298,6 +424,7 @@ class GGUFBackend(Backend):
         eos = meta.get("tokenizer.ggml.eos_token_id")
         self.eos_id = int(eos) if eos is not None else None
         self.chat_template = meta.get("tokenizer.chat_template")
+        self._tokenizer_info: dict[str, Any] | None = None
 
     def encode(self, text: str, special: bool = False) -> list[int]:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=special)
@@ -305,13 +432,45 @@ class GGUFBackend(Backend):
     def decode(self, ids: Sequence[int]) -> str:
         return self.llm.detokenize(list(ids)).decode("utf-8", errors="replace")
 
+    def _eval_reusing_cache(self, ids: Sequence[int]) -> None:
+        """Evaluate `ids`, keeping the KV cache (and the logits) of the prefix they share with what is cached."""
+        ids = list(ids)
+        cached = np.asarray(self.llm.input_ids[: min(self.llm.n_tokens, len(ids))])
+        differs = np.flatnonzero(cached != np.asarray(ids[: len(cached)]))
+        self.llm.n_tokens = int(differs[0]) if len(differs) else len(cached)
+        self.llm.eval(ids[self.llm.n_tokens :])  # llama-cpp-python drops the cache from n_tokens on first
+
     def logits(self, ids: Sequence[int]) -> np.ndarray:
-        self.llm.reset()
-        self.llm.eval(list(ids))
+        self._eval_reusing_cache(ids)
         return np.array(self.llm.scores[: len(ids)])
+
+    def score_tails(self, requests: Sequence[tuple[Sequence[int], int]], desc: str = "scoring") -> list[float]:
+        out = []
+        for ids, n in progress(requests, desc=desc, unit="seq"):
+            self._eval_reusing_cache(ids)
+            out.append(-float(_nll_from_logits(self.llm.scores[: len(ids)], np.asarray(ids), n).sum()))
+        return out
 
     def perplexity(self, ids: Sequence[int], window: int, stride: int) -> Perplexity:
         return perplexity_llama(self.llm, ids, window, stride)
+
+    def document_separator(self) -> int:
+        bos = self.llm.token_bos()
+        if bos >= 0 and self.llm.tokenize(b"a", add_bos=True)[:1] == [bos]:  # llama.cpp adds BOS only if it should
+            return int(bos)
+        separator = self.eos_id if self.eos_id is not None else (bos if bos >= 0 else None)
+        if separator is None:
+            raise ForgeError(f"{self.path} has neither a BOS nor an EOS token: documents cannot be scored from their "
+                             "first token")  # fmt: skip
+        return int(separator)
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        if self._tokenizer_info is None:  # reading 50k token strings from the file takes seconds: once
+            keys = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens")
+            meta = gguf_metadata(self.path, *keys)
+            kind = "/".join(str(meta[k]) for k in keys[:2] if meta.get(k))
+            self._tokenizer_info = tokenizer_label(f"gguf:{kind}:{self.path.name}", meta["tokenizer.ggml.tokens"] or [])
+        return self._tokenizer_info
 
     def _start(self, prompt: list[int]) -> np.ndarray:
         self.llm.reset()

@@ -94,15 +94,21 @@ def load_llama(path: Path, n_ctx: int, n_threads: int | None = None, logits_all:
     """A llama_cpp.Llama over a GGUF file that passed `check_gguf` (a damaged file is refused, never loaded).
 
     logits_all keeps the logits of every position (scoring needs them); generation alone is faster without.
+    n_threads None: every core (llama-cpp-python's own default is half of them).
     """
+    import os
+
     from llama_cpp import Llama
 
     check_gguf(path)
+    n_threads = n_threads or os.cpu_count() or 1
     return Llama(
         model_path=str(path),
         n_ctx=n_ctx,
-        n_batch=n_ctx,
-        n_ubatch=n_ctx,
+        # ids per llama.cpp decode call: a whole 8k context in one would make each call size its buffers (with
+        # every position's logits: n_ctx x vocab floats) for 8k ids, however few it is given
+        n_batch=min(n_ctx, 512),
+        n_ubatch=min(n_ctx, 512),
         n_threads=n_threads,
         n_threads_batch=n_threads,
         logits_all=logits_all,

@@ -11,6 +11,16 @@ after the first scores only its last `stride` ids, so those ids see at least `wi
 Perplexity is exp(sum of negative log-likelihoods / number of scored ids): token-weighted, not a mean of
 per-window perplexities. The same ids, window and stride give comparable numbers across backends and quantized
 variants. Log-softmax runs in float64 for llama.cpp's logits, float32 for torch's.
+
+Bits per byte (`TextScore`, what evaluation compares across models, whatever their tokenizers): each document is
+tokenized by the model's own tokenizer and scored on its own, never joined to the next one. The document's ids
+follow ONE separator id that is read, never scored: the id the tokenizer puts before a text by default (BOS where
+`add_bos_token` is set, as for Llama), else its EOS (what Forge's pretraining, GPT-2 and SmolLM2 put between
+documents). So every id of the document is scored, the first one included, and each document is cut into the same
+`windows()` as above (position 0, the separator, is never a target). bits_per_byte is the documents' summed
+negative log-likelihood in bits over the UTF-8 bytes of their text as stored (not of the decoded ids); the
+per-token perplexity beside it is exp(nats / scored ids) and is only comparable between models that share a
+tokenizer, so it carries the tokenizer's name, vocabulary size and sha256.
 """
 
 from __future__ import annotations
@@ -44,6 +54,47 @@ class Perplexity:
             "window": self.window,
             "stride": self.stride,
         }
+
+
+@dataclass(frozen=True)
+class TextScore:
+    """Negative log-likelihood of a set of documents, per byte of their text and per token of one tokenizer."""
+
+    nll: float  # summed negative log-likelihood of every scored id, in nats
+    tokens: int  # scored ids: every id of every non-empty document
+    bytes: int  # UTF-8 bytes of the scored documents' text
+    documents: int
+    windows: int
+    window: int
+    stride: int
+    tokenizer: dict[str, Any]  # {"name", "vocab_size", "sha256"}: what the per-token perplexity is measured in
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nll / math.log(2) / self.bytes
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(self.nll / self.tokens)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "bits_per_byte": self.bits_per_byte, "ppl": self.ppl, "nll_nats": self.nll, "tokens": self.tokens,
+            "bytes": self.bytes, "documents": self.documents, "windows": self.windows, "window": self.window,
+            "stride": self.stride, "tokenizer": self.tokenizer,
+        }  # fmt: skip
+
+
+def document_windows(
+    documents: Sequence[Sequence[int]], separator: int, window: int, stride: int
+) -> list[tuple[list[int], int]]:
+    """(ids the model reads, how many of its last ids are scored) for every window of every document, each
+    document preceded by `separator` (read, never scored): see the module docstring."""
+    out = []
+    for doc in documents:
+        ids = [separator, *doc]
+        out += [(ids[begin:end], end - first) for begin, end, first in windows(len(ids), window, stride)]
+    return out
 
 
 def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int]]:

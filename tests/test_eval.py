@@ -24,6 +24,7 @@ import pytest
 
 from evaluation import red_flags, tasks
 from forge.config import EvalConfig, ForgeConfig, ModelConfig, TokenizerConfig
+from forge.hashing import sha256_file
 from pretrain.qa import stage as qa_stage
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,34 +72,43 @@ def qa_pairs() -> list[dict[str, str]]:
 # building tiny models
 
 
-def train_tokenizer(texts: list[str], dest: Path):
+def train_tokenizer(texts: list[str], dest: Path, vocab_size: int = 384):
     from pretrain.tokenizer import save_tokenizer, train_bpe
 
-    tcfg = TokenizerConfig(vocab_size=384, min_frequency=2)
+    tcfg = TokenizerConfig(vocab_size=vocab_size, min_frequency=2)
     tok = train_bpe(texts, tcfg)
     dest.mkdir(parents=True, exist_ok=True)
     save_tokenizer(tok, tcfg, dest)
     return tok
 
 
-def write_run(root: Path, run: str, tok, tok_dir: Path, splits: dict[str, list[str]]) -> Path:
-    """runs/<run>/tokenizer/{tokenizer files, shards/} as the tokenizer stage writes them (manifest included)."""
+def write_data_stage(root: Path, run: str, splits: dict[str, list[str]]) -> dict[str, list[Path]]:
+    """runs/<run>/data/<split>-00000.parquet and a complete manifest with their sha256, as forge data writes them."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    out = root / run / "data"
+    out.mkdir(parents=True, exist_ok=True)
+    parquet = {}
+    for split, docs in splits.items():
+        parquet[split] = [out / f"{split}-00000.parquet"]
+        pq.write_table(pa.table({"id": [f"{split}-{i}" for i in range(len(docs))], "text": docs}), parquet[split][0])
+    outputs = {files[0].name: sha256_file(files[0]) for files in parquet.values()}
+    (out / "manifest.json").write_text(json.dumps({"stage": "data", "status": "complete", "outputs": outputs}))
+    return parquet
+
+
+def write_run(root: Path, run: str, tok, tok_dir: Path, splits: dict[str, list[str]]) -> Path:
+    """runs/<run>/data/ (the text eval reads) and runs/<run>/tokenizer/{tokenizer files, shards/} (the ids the
+    models are trained on here) as the data and tokenizer stages write them, manifests included."""
     from pretrain.token_shards import write_shards
 
+    parquet = write_data_stage(root, run, splits)
     out = root / run / "tokenizer"
     out.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(tok_dir / name, out / name)
-    parquet = {}
-    for split, docs in splits.items():
-        parquet[split] = [out / f".{split}.parquet"]
-        pq.write_table(pa.table({"text": docs}), parquet[split][0])
     write_shards(tok, parquet, out / "shards", {"pad": 0, "unk": 1, "bos": 2, "eos": 3})
-    for files in parquet.values():
-        files[0].unlink()
     (out / "manifest.json").write_text(json.dumps({"stage": "tokenizer", "status": "complete"}))
     return out / "shards"
 
@@ -110,14 +120,16 @@ def model_config() -> ModelConfig:
     )  # fmt: skip
 
 
-def build_and_train(ids: np.ndarray, steps: int, seed: int = 0, lr: float = 3e-3, starts: np.ndarray | None = None):
+def build_and_train(
+    ids: np.ndarray, steps: int, seed: int = 0, lr: float = 3e-3, starts: np.ndarray | None = None, vocab: int = 384
+):
     """A tiny llama trained on random windows of `ids` (or windows beginning at `starts`, e.g. document starts)."""
     import torch
 
     from pretrain.model import build_model
 
     torch.manual_seed(seed)
-    model = build_model(model_config(), 384)
+    model = build_model(model_config(), vocab)
     if steps:
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
         rng = np.random.default_rng(seed)
@@ -174,13 +186,18 @@ def world(tmp_path_factory, one_thread):
     repeat_ids = np.asarray(tok.encode(REPEAT * 40).ids, dtype=np.int64)
 
     falling = [{"step": s, "val_loss": v} for s, v in [(0, 6.0), (50, 4.0), (100, 3.5), (150, 3.4)]]
+    # a second tokenizer (a smaller vocabulary) and a model trained on the same text through it
+    tok_dir_2 = root / "tok-320"
+    tok_2 = train_tokenizer(train_docs + [REPEAT * 20], tok_dir_2, vocab_size=320)
+    train_ids_2 = np.asarray([t for d in train_docs for t in [*tok_2.encode(d).ids, 3]], dtype=np.int64)
     models = {
         "trained": save_model(build_and_train(train_ids, 100), runs / "main" / "pretrain" / "model", tok_dir, falling),
+        "trained_320": save_model(build_and_train(train_ids_2, 100, vocab=320), root / "trained-320", tok_dir_2),
         "repeater": save_model(build_and_train(repeat_ids, 100), root / "repeater", tok_dir),
         "memoriser": save_model(build_and_train(mem_ids, 100, starts=mem_offsets[:-1]), root / "memoriser", tok_dir),
         "random": save_model(build_and_train(train_ids, 0), root / "random", tok_dir),
     }
-    return {"root": root, "runs": runs, "tok_dir": tok_dir, "models": models, "shards": main}
+    return {"root": root, "runs": runs, "tok_dir": tok_dir, "models": models, "shards": main, "test_docs": test_docs}
 
 
 def small_cfg(run: str, tmp_path: Path, **eval_overrides) -> ForgeConfig:
@@ -226,17 +243,22 @@ def test_metrics_by_question_type_are_reported_beside_the_headline():
     # the floor of a label question: always answering the commonest label ("a method")
     assert tasks.best_constant_exact_match(["a method", "A method.", "a class", "a module"]) == 0.5
 
+    tokenizer = {"name": "t", "vocab_size": 384, "sha256": "1" * 64}
+
     def result(f1_members: float) -> dict:
-        return {"perplexity": {"ppl": 10.0}, "chat": True, "samples": [], "unigram_ppl": 50.0,
+        return {"text": {"bits_per_byte": 1.5, "ppl": 10.0, "tokens": 100, "tokenizer": tokenizer}, "chat": True,
+                "samples": [], "unigram": {"bits_per_byte": 4.0, "ppl": 50.0, "tokenizer": tokenizer},
                 "qa": {"qa_f1": 0.4, "qa_exact_match": 0.2, "qa_examples": 3.0, "qa_empty_rate": 0.0,
                        "qa_f1.members": f1_members, "qa_exact_match.members": f1_members, "qa_examples.members": 2.0,
                        "qa_constant_exact_match.members": 0.5},
                 "mc": {"mc_acc": 0.5, "mc_acc_norm": 0.5, "mc_acc_pmi": 0.5, "mc_chance": 0.25, "mc_examples": 4.0,
                        "mc_acc.members": 0.75, "mc_examples.members": 4.0}}  # fmt: skip
 
+    data = {"test_text_sha256": "2" * 64, "test_shards": {}, "test_documents": 3, "test_bytes": 300,
+            "qa_sha256": "3" * 64, "qa_source": "qa.jsonl"}  # fmt: skip
     report = build_eval(target="m", artifact_kind="hf", sha256="0" * 64, result=result(0.5), baseline=result(0.0),
                         flags=[], benchmarks=None, memorisation={"train": {"exact": 0.0}, "test": {"exact": 0.0}},
-                        reference_ppl=None)  # fmt: skip
+                        reference=None, data=data)  # fmt: skip
     by_type = {m["name"]: m for m in report["metrics"] if m["group"] == "domain_by_type"}
     assert by_type["qa_f1.members"]["random_init"] == 0.0 and by_type["qa_f1.members"]["higher_is_better"] is True
     assert by_type["mc_acc.members"]["chance"] == 0.25 and by_type["mc_examples.members"]["higher_is_better"] is None
@@ -263,10 +285,13 @@ class PriorHeavyBackend:
     def render_chat(self, messages: list[dict]) -> str:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages)
 
-    def continuation_logprob(self, context: list[int], continuation: list[int]) -> float:
-        prompt, answer = "".join(map(chr, context)), "".join(map(chr, continuation))
-        self.calls.append(prompt)
-        return -len(answer) + (3.0 if answer.split()[0] in prompt else 0.0)
+    def continuation_logprobs(self, pairs: list[tuple[list[int], list[int]]], desc: str = "") -> list[float]:
+        out = []
+        for context, continuation in pairs:
+            prompt, answer = "".join(map(chr, context)), "".join(map(chr, continuation))
+            self.calls.append(prompt)
+            out.append(-len(answer) + (3.0 if answer.split()[0] in prompt else 0.0))
+        return out
 
 
 def test_pmi_scores_what_the_question_adds_not_the_answers_own_probability():
@@ -379,7 +404,13 @@ def test_each_degenerate_model_trips_its_flag_and_the_trained_model_passes(world
                      "incoherence": True, "untrained": True}, report["flags"]  # fmt: skip
     assert report["passed"] is True and manifest["metrics"]["flags_failed"] == 0
     metrics = {m["name"]: m for m in report["metrics"]}
-    assert metrics["perplexity"]["value"] < 0.2 * metrics["perplexity"]["random_init"]
+    assert metrics["bits_per_byte"]["value"] < 0.5 * metrics["bits_per_byte"]["random_init"]
+    assert metrics["bits_per_byte_random_init"]["value"] == metrics["bits_per_byte"]["random_init"]
+    assert metrics["bits_per_byte"]["value"] < metrics["bits_per_byte_unigram"]["value"]
+    assert metrics["perplexity"]["tokenizer"] == report["tokenizer"] and report["tokenizer"]["vocab_size"] == 384
+    assert report["data"]["qa_sha256"] == sha256_file(isolated_runs / "main" / "qa" / "qa_eval.jsonl")
+    data_manifest = json.loads((isolated_runs / "main" / "data" / "manifest.json").read_text())
+    assert report["data"]["test_shards"] == {"test-00000.parquet": data_manifest["outputs"]["test-00000.parquet"]}
     for name in ("qa_f1", "qa_exact_match", "mc_acc", "mc_acc_norm", "mc_acc_pmi"):  # each beats random init
         assert metrics[name]["value"] > metrics[name]["random_init"], (name, metrics[name])
     assert metrics["mc_chance"]["value"] == 0.25
@@ -413,6 +444,89 @@ def test_each_degenerate_model_trips_its_flag_and_the_trained_model_passes(world
     flags, report = _flags(next(isolated_runs.glob("main/eval-*random*")))
     assert flags["untrained"] is False and flags["ppl_drift"] is False, report["flags"]
     assert flags["memorisation"] is True and flags["repetition"] is True
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# bits per byte: two tokenizers, one text
+
+
+def reference_bits_per_byte(model_dir: Path, texts: list[str], window: int, stride: int) -> float:
+    """Plain torch, target by target: each document's ids after its EOS (the tokenizer adds no BOS), and every id t
+    predicted by the first window, of `window` ids moving by `stride`, that reaches it (begin = k * stride)."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    nats, n_bytes = 0.0, 0
+    for text in texts:
+        ids = [tokenizer.eos_token_id, *tokenizer(text, add_special_tokens=False)["input_ids"]]
+        n_bytes += len(text.encode("utf-8"))
+        logp: dict[int, torch.Tensor] = {}  # window k -> its log-softmax rows
+        for t in range(1, len(ids)):
+            k = 0 if t < window else (t - window) // stride + 1
+            if k not in logp:
+                chunk = torch.tensor([ids[k * stride : k * stride + window]])
+                with torch.no_grad():
+                    logp[k] = torch.log_softmax(model(chunk).logits[0].double(), dim=-1)
+            nats -= float(logp[k][t - k * stride - 1, ids[t]])
+    return nats / math.log(2) / n_bytes
+
+
+@pytest.mark.slow
+def test_two_models_with_different_tokenizers_are_scored_in_bits_per_byte_of_the_same_text(
+    world, isolated_runs, tmp_path
+):
+    from evaluation.stage import run
+
+    use_runs(world, isolated_runs)
+    reports = {}
+    for name in ("trained", "trained_320"):
+        target = world["models"][name]
+        run(small_cfg("main", tmp_path, ppl_window=48, ppl_stride=16), target=str(target))
+        stage_dir = next(isolated_runs.glob(f"main/eval-*{target.name}-*"))
+        reports[name] = json.loads((stage_dir / "eval.json").read_text())
+        metrics = {m["name"]: m for m in reports[name]["metrics"]}
+        expected = reference_bits_per_byte(target, world["test_docs"], 48, 16)
+        assert abs(metrics["bits_per_byte"]["value"] - expected) < 1e-4, (name, metrics["bits_per_byte"], expected)
+        details = metrics["bits_per_byte"]["details"]
+        assert details["bytes"] == sum(len(d.encode()) for d in world["test_docs"]) and details["window"] == 48
+        assert metrics["perplexity"]["value"] == pytest.approx(np.exp(details["nll_nats"] / details["tokens"]))
+        tok = reports[name]["tokenizer"]
+        assert metrics["perplexity"]["tokenizer"] == metrics["perplexity_unigram"]["tokenizer"] == tok
+        assert f"{tok['name']} ({tok['vocab_size']} tokens" in (stage_dir / "report.md").read_text()
+    first, second = reports["trained"]["tokenizer"], reports["trained_320"]["tokenizer"]
+    assert (first["vocab_size"], second["vocab_size"]) == (384, 320) and first["sha256"] != second["sha256"]
+    # the same text was measured: one identity, whatever the tokenizer
+    assert reports["trained"]["data"] == reports["trained_320"]["data"]
+    ids = [{m["name"]: m for m in r["metrics"]}["bits_per_byte"]["details"]["tokens"] for r in reports.values()]
+    assert ids[0] < ids[1]  # more ids for the smaller vocabulary, over the same bytes
+
+
+@pytest.mark.slow
+def test_an_external_gguf_is_scored_through_its_own_vocabulary(smollm2_gguf, isolated_runs, tmp_path):
+    """SmolLM2-135M-Instruct (49k tokens) on English technical text (stdlib docstrings, as the demo's corpus):
+    what a 135M model scores there, not the thousands of perplexity another tokenizer's ids would give."""
+    import itertools
+
+    from evaluation.stage import run
+    from pretrain.data.stdlib_corpus import iter_stdlib_records
+
+    texts = [r["text"] for r in itertools.islice(iter_stdlib_records(), 3000) if len(r["text"]) > 300]
+    write_data_stage(isolated_runs, "stdlib", {"train": texts[40:400], "val": texts[400:410], "test": texts[:40]})
+    cfg = small_cfg("stdlib", tmp_path, qa_max_examples=4, mc_max_examples=8, generation_prompts=2, max_new_tokens=16,
+                    memorisation_docs=2)  # fmt: skip
+    run(cfg, target=str(smollm2_gguf))
+    report = json.loads(next(isolated_runs.glob("stdlib/eval-*/eval.json")).read_text())
+    metrics = {m["name"]: m for m in report["metrics"]}
+    assert report["tokenizer"]["vocab_size"] == 49152 and report["tokenizer"]["name"].startswith("gguf:gpt2")
+    bpb, unigram = metrics["bits_per_byte"]["value"], metrics["bits_per_byte_unigram"]["value"]
+    assert 0.3 < bpb < 1.5 and bpb < 0.5 * unigram, (bpb, unigram)
+    assert metrics["perplexity"]["value"] < 100 and metrics["perplexity"]["tokenizer"] == report["tokenizer"]
+    assert metrics["bits_per_byte"]["details"]["bytes"] == sum(len(t.encode()) for t in texts[:40])
+    assert {f["name"]: f["passed"] for f in report["flags"]}["untrained"] is True
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -482,11 +596,8 @@ def test_bad_input_is_a_one_line_error(world, isolated_runs, tmp_path):
     bad_gguf = tmp_path / "broken.gguf"
     bad_gguf.write_bytes(b"GGUF" + b"\x00" * 40)
     small_cfg("main", tmp_path)  # the qa stage of the run
-    empty = isolated_runs / "empty"
-    shutil.copytree(isolated_runs / "main", empty)
-    meta = json.loads((empty / "tokenizer" / "shards" / "meta.json").read_text())
-    meta["splits"]["test"]["documents"] = 0
-    (empty / "tokenizer" / "shards" / "meta.json").write_text(json.dumps(meta))
+    shutil.copytree(isolated_runs / "main", isolated_runs / "empty")
+    write_data_stage(isolated_runs, "empty", {"train": documents(5, 1), "val": documents(2, 2), "test": []})
 
     env = {**os.environ, "FORGE_RUNS_DIR": str(isolated_runs)}
     common = ["--set", f"qa.source={tmp_path / 'qa.jsonl'}", "--set", "qa.eval_fraction=0.6"]

@@ -41,7 +41,8 @@ def test_shipped_policy_loads_and_a_clean_candidate_passes(policy):
     checks = gate.evaluate(policy, evidence())
     assert gate.passed(checks), gate.format_table(checks)
     names = {c.name for c in checks}
-    assert {"hash:model", "hash:model-q4_k_m.gguf", "red_flag:repetition", "metric:perplexity", "regression"} <= names
+    expected = {"hash:model", "hash:model-q4_k_m.gguf", "red_flag:repetition", "metric:bits_per_byte", "regression"}
+    assert expected <= names
 
 
 def test_bad_policy_is_refused_with_the_field(tmp_path):
@@ -88,7 +89,8 @@ def test_evidence_must_name_the_stored_artifacts(policy):
 
 
 def test_thresholds_and_drift_bounds(policy):
-    assert failing(policy, evidence(eval_report=eval_report(MODEL_SHA, ppl=70.0))) == ["metric:perplexity"]  # > random
+    above_random = eval_report(MODEL_SHA, ppl=70.0)  # the random-init twin scores 64
+    assert failing(policy, evidence(eval_report=above_random)) == ["metric:bits_per_byte"]
     assert failing(policy, evidence(quantize_report=quantize_report(Path("m"), drift_q4=0.06))) == [
         "quant:q4_k_m:ppl_drift_vs_f16"
     ]
@@ -101,7 +103,7 @@ def test_thresholds_and_drift_bounds(policy):
 
 def test_regression_against_production_within_tolerance_only(policy):
     prod = eval_report(MODEL_SHA, ppl=20.0)
-    for ppl, ok in ((20.9, True), (21.1, False), (15.0, True)):  # 5% relative on perplexity (lower is better)
+    for ppl, ok in ((20.9, True), (21.1, False), (15.0, True)):  # 5% relative on bits per byte (lower is better)
         ev = evidence(eval_report=eval_report(MODEL_SHA, ppl=ppl), production_eval=prod, production_version="1")
         assert (failing(policy, ev) == []) is ok, (ppl, failing(policy, ev))
     worse_mc = eval_report(MODEL_SHA, mc_acc=0.44)  # 0.06 below production's 0.5 (tolerance 0.05 absolute)
@@ -109,5 +111,5 @@ def test_regression_against_production_within_tolerance_only(policy):
                                                            production_version="1"))  # fmt: skip
     assert failing(policy, evidence(production_eval=None, production_version="1")) == ["regression"]
     no_direction = copy.deepcopy(prod)
-    next(m for m in no_direction["metrics"] if m["name"] == "perplexity")["value"] = None
-    assert "regression:perplexity" in failing(policy, evidence(production_eval=no_direction, production_version="1"))
+    next(m for m in no_direction["metrics"] if m["name"] == "bits_per_byte")["value"] = None
+    assert "regression:bits_per_byte" in failing(policy, evidence(production_eval=no_direction, production_version="1"))

@@ -87,3 +87,54 @@ def test_open_model_refuses_what_it_cannot_open(llama, tmp_path):
         open_model(llama[1], quantization="int8")
     with pytest.raises(ForgeError, match="quantization='int4'"):
         open_model(llama[0], quantization="int4")
+
+
+def _choice_pairs(model, items: int, choices: int) -> list[tuple[list[int], list[int]]]:
+    """Prompts and continuations of different lengths, each prompt shared by `choices` continuations."""
+    docs = [model.encode(d) for d in generated_docs(items + choices, seed=6)]
+    return [(docs[i][: 4 + 3 * i], docs[i + j + 1][: 2 + 5 * j]) for i in range(items) for j in range(choices)]
+
+
+def test_batched_scores_equal_the_per_choice_scores(llama):
+    """The padded, batched HF forward and llama.cpp's prompt-cache reuse score exactly what one sequence per
+    forward does: same best choice on every item, log-likelihoods within 1e-4 (fp32)."""
+    from models.access import Backend, GGUFBackend, HFBackend
+
+    hf = HFBackend(llama[0])
+    pairs = _choice_pairs(hf, items=12, choices=4)
+    fitted = [hf._fit(c, a) for c, a in pairs]
+    per_choice = np.array(Backend.score_tails(hf, fitted))  # one forward per sequence: the old path
+    batched = np.array(hf.continuation_logprobs(pairs))
+    assert np.abs(batched - per_choice).max() < 1e-4
+    assert (batched.reshape(12, 4).argmax(1) == per_choice.reshape(12, 4).argmax(1)).all()
+    assert len(set(per_choice.reshape(12, 4).argmax(1))) > 1  # not one answer everywhere
+
+    gguf = GGUFBackend(llama[1], n_threads=1)
+    try:
+        reused = np.array(gguf.continuation_logprobs(pairs))  # each item's prompt evaluated once, then reused
+        fresh = []
+        for request in fitted:
+            gguf.llm.reset()
+            fresh += gguf.score_tails([request])
+        assert np.abs(reused - np.array(fresh)).max() < 1e-4
+        assert np.abs(reused - per_choice).max() < 0.05  # f16 weights against fp32
+    finally:
+        gguf.close()
+
+
+def test_documents_are_read_after_one_separator_and_the_tokenizer_is_labelled(llama):
+    """A Forge tokenizer adds no BOS: a document follows its EOS (what pretraining put between documents), on the HF
+    model and on its GGUF alike, and both carry one tokenizer label."""
+    from models.access import GGUFBackend, HFBackend
+
+    hf, gguf = HFBackend(llama[0]), GGUFBackend(llama[1], n_threads=1)
+    try:
+        assert hf.document_separator() == gguf.document_separator() == hf.eos_id
+        assert hf.tokenizer_info() == {**gguf.tokenizer_info(), "name": hf.tokenizer_info()["name"]}
+        texts = generated_docs(3, seed=8)
+        score = hf.score_text(texts, window=16, stride=8)
+        assert score.bytes == sum(len(t.encode()) for t in texts) and score.documents == 3
+        assert score.tokens == sum(len(hf.encode(t)) for t in texts)  # every id scored, the first ones included
+        assert abs(gguf.score_text(texts, 16, 8).bits_per_byte / score.bits_per_byte - 1) < 0.01
+    finally:
+        gguf.close()

@@ -54,16 +54,21 @@ def eval_report(sha: str, *, ppl: float = 20.0, failing_flag: str | None = None,
                                                                    "untrained")]  # fmt: skip
     flags += [flag("ppl_drift", None, "no reference model"), flag("val_rise", None, "no history")]
 
-    def result(p: float, acc: float) -> dict[str, Any]:
-        return {"perplexity": {"ppl": p}, "qa": {"qa_f1": acc / 2, "qa_exact_match": acc / 4, "qa_examples": 10,
-                                                "qa_empty_rate": 0.0},
+    tokenizer = {"name": "PreTrainedTokenizerFast:model", "vocab_size": 4096, "sha256": "5" * 64}
+
+    def result(p: float, acc: float) -> dict[str, Any]:  # `ppl` sets bits per byte and per-token perplexity alike
+        return {"text": {"bits_per_byte": p, "ppl": p, "tokens": 100, "tokenizer": tokenizer},
+                "qa": {"qa_f1": acc / 2, "qa_exact_match": acc / 4, "qa_examples": 10, "qa_empty_rate": 0.0},
                 "mc": {"mc_acc": acc, "mc_acc_norm": acc, "mc_acc_pmi": acc, "mc_chance": 0.25, "mc_examples": 10},
-                "unigram_ppl": 50.0, "chat": False, "samples": []}  # fmt: skip
+                "unigram": {"bits_per_byte": 50.0, "ppl": 50.0, "tokenizer": tokenizer}, "chat": False,
+                "samples": []}  # fmt: skip
 
     return build_eval(
         target="runs/x/pretrain/model", artifact_kind="hf", sha256=sha, result=result(ppl, mc_acc),
         baseline=result(64.0, 0.25), flags=flags, benchmarks=None,
-        memorisation={"train": {"exact": 0.0}, "test": {"exact": 0.0}}, reference_ppl=None,
+        memorisation={"train": {"exact": 0.0}, "test": {"exact": 0.0}}, reference=None,
+        data={"test_text_sha256": "6" * 64, "test_shards": {}, "test_documents": 1, "test_bytes": 1,
+              "qa_sha256": "7" * 64, "qa_source": "qa_eval.jsonl"},
     )  # fmt: skip
 
 
@@ -226,8 +231,8 @@ def test_regression_is_refused_and_rollback_restores_the_previous_production(
     assert registry.promote(cfg, model_name, v1).passed
     v2 = register(mlflow_server, isolated_runs, "r2", model_name, model_src, ppl=21.5)  # +7.5% > 5% tolerance
     worse = registry.promote(cfg, model_name, v2)
-    assert registry.gate.failing(worse.checks) == ["regression:perplexity"]
-    with pytest.raises(registry.GateRefused, match="regression:perplexity"):  # the pipeline's promote step
+    assert registry.gate.failing(worse.checks) == ["regression:bits_per_byte"]
+    with pytest.raises(registry.GateRefused, match="regression:bits_per_byte"):  # the pipeline's promote step
         registry.promote_run(config(mlflow_server, "r2", model_name))
     assert client.get_model_version_by_alias(model_name, "production").version == v1
     v3 = register(mlflow_server, isolated_runs, "r3", model_name, model_src, ppl=20.5)  # +2.5%: within tolerance
