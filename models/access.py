@@ -134,8 +134,7 @@ class Backend:
         sequence per forward pass here; HFBackend batches them, GGUFBackend reuses the KV cache of shared prefixes."""
         out = []
         for ids, n in progress(requests, desc=desc, unit="seq"):
-            ids = np.asarray(ids, dtype=np.int64)
-            out.append(-float(_nll_from_logits(self.logits(ids), ids, n).sum()))
+            out.append(-float(_nll_from_logits(self.logits(ids), np.asarray(ids, dtype=np.int64), n).sum()))
         return out
 
     def _fit(self, context: Sequence[int], continuation: Sequence[int]) -> tuple[list[int], int]:

@@ -90,9 +90,10 @@ def test_open_model_refuses_what_it_cannot_open(llama, tmp_path):
 
 
 def _choice_pairs(model, items: int, choices: int) -> list[tuple[list[int], list[int]]]:
-    """Prompts and continuations of different lengths, each prompt shared by `choices` continuations."""
+    """Prompts and continuations of different lengths across items, each prompt shared by `choices` continuations
+    of one length (so that no choice wins by being shortest)."""
     docs = [model.encode(d) for d in generated_docs(items + choices, seed=6)]
-    return [(docs[i][: 4 + 3 * i], docs[i + j + 1][: 2 + 5 * j]) for i in range(items) for j in range(choices)]
+    return [(docs[i][: 4 + 3 * i], docs[i + j + 1][: 2 + i % 5]) for i in range(items) for j in range(choices)]
 
 
 def test_batched_scores_equal_the_per_choice_scores(llama):
