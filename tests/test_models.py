@@ -118,7 +118,8 @@ def test_batched_scores_equal_the_per_choice_scores(llama):
             gguf.llm.reset()
             fresh += gguf.score_tails([request])
         assert np.abs(reused - np.array(fresh)).max() < 1e-4
-        assert np.abs(reused - per_choice).max() < 0.05  # f16 weights against fp32
+        # f16 weights against fp32: a relative error of order 1e-3 per token, summed over each continuation's tokens
+        assert (np.abs(reused - per_choice) <= 0.01 * np.abs(per_choice) + 1e-3).all()
     finally:
         gguf.close()
 

@@ -166,7 +166,7 @@ def test_passing_candidate_is_promoted_and_served(mlflow_server, isolated_runs, 
     assert tags["forge.gate.policy_sha256"] == decision.policy_sha256 and tags["forge.gate.user"]
     assert tags["forge.sha256.model"] == sha256_tree(isolated_runs / "good" / "pretrain" / "model")
     assert set(GGUF_TYPES) <= {k.removeprefix("forge.sha256.gguf.") for k in tags}
-    assert tags["forge.eval.verdict"] == "pass" and float(tags["forge.eval.perplexity"]) == 20.0
+    assert tags["forge.eval.verdict"] == "pass" and float(tags["forge.eval.bits_per_byte"]) == 20.0
 
     served = registry.resolve_production(cfg)
     assert sha256_tree(served / "model") == tags["forge.sha256.model"]
