@@ -121,7 +121,7 @@ def resolve_reference(cfg: ForgeConfig, target: str, model: Path) -> Path | None
             return candidate_model(cfg, "auto")[1]
         except ForgeError:
             return None
-    return None  # pretrain: the production model, once the registry (issue 10) exists
+    return None  # a from-scratch pretrained model has nothing earlier to compare with
 
 
 def find_history(model: Path) -> Path | None:

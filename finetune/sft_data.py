@@ -24,7 +24,7 @@ from pretrain.qa.records import FORMAT_HINT, Messages, ReadReport
 
 log = logging.getLogger("forge.sft")
 
-GUIDANCE = (10_000, 100_000)  # the seeds: 10k-100k quality examples are usually enough for a small model
+GUIDANCE = (10_000, 100_000)  # 10k-100k quality examples: the usual range that is enough for a small model
 
 
 @dataclass
@@ -48,10 +48,10 @@ class DataReport(ReadReport):
 def guidance(n: int) -> str:
     low, high = GUIDANCE
     if n < low:
-        return f"{n:,} examples: below the seeds' {low:,}-{high:,} guidance: expect weaker instruction following"
+        return f"{n:,} examples: below the usual {low:,}-{high:,} guidance: expect weaker instruction following"
     if n > high:
-        return f"{n:,} examples: above the seeds' {low:,}-{high:,} guidance; fine, but more rarely helps a small model"
-    return f"{n:,} examples: within the seeds' {low:,}-{high:,} guidance"
+        return f"{n:,} examples: above the usual {low:,}-{high:,} guidance; fine, but more rarely helps a small model"
+    return f"{n:,} examples: within the usual {low:,}-{high:,} guidance"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ def check_config(tcfg: TokenizerConfig) -> None:
     if tcfg.vocab_size < floor:
         problems.append(
             f"tokenizer.vocab_size={tcfg.vocab_size} leaves no room for merges: {N_BYTES} byte tokens + "
-            f"{len(tokens)} special tokens need vocab_size >= {floor} (the seeds use 32k-50k)"
+            f"{len(tokens)} special tokens need vocab_size >= {floor} (domain tokenizers usually have 32k-50k)"
         )
     if problems:
         raise ForgeError("; ".join(problems))
@@ -354,14 +354,14 @@ def compression_report(
         report["warnings"].append(
             f"{split}: {report['tokens_per_word']:.3f} tokens per word > tokenizer.max_tokens_per_word="
             f"{tcfg.max_tokens_per_word}: the tokenizer splits this domain's words poorly; use a larger vocabulary "
-            "(tokenizer.vocab_size, the seeds suggest 32k-50k, 48k for acronym-heavy technical text) or a training "
+            "(tokenizer.vocab_size, usually 32k-50k, 48k for acronym-heavy technical text) or a training "
             "corpus more representative of the text the model will see"
         )
     return report
 
 
 def training_budget(cfg: ForgeConfig, vocab_size: int, tokens_train: int) -> dict[str, Any]:
-    """Tokens per parameter of the configured model against the seeds' 20-100x rule."""
+    """Tokens per parameter of the configured model against the 20-100 tokens per parameter rule (pretrain/plan.py)."""
     try:
         from pretrain.model import count_parameters, model_config
     except ImportError as exc:
@@ -387,7 +387,8 @@ def training_budget(cfg: ForgeConfig, vocab_size: int, tokens_train: int) -> dic
     elif ratio < low:
         out["warning"] = (
             f"the train split has {ratio:.2f} tokens per parameter of the configured model ({params:,} parameters), "
-            f"below the seeds' {low}x: one epoch under-trains it; add data, plan several epochs or use a smaller model"
+            f"below {low} tokens per parameter: one epoch under-trains it; add data, plan several epochs or use a "
+            "smaller model"
         )
     elif ratio > high:
         out["note"] = f"{ratio:.1f} tokens per parameter, above {high}x: a bigger model could use this data"

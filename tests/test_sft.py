@@ -280,7 +280,7 @@ def test_stage_on_the_builtin_qa_holds_out_objects_for_eval(tiny_base, isolated_
     held = [json.loads(line) for line in (isolated_runs / "t" / "qa" / "qa_eval.jsonl").read_text().splitlines()]
     trained = [json.loads(line) for line in (out / "sft_train.jsonl").read_text().splitlines()]
     assert len(trained) == 32 == manifest["metrics"]["train_examples"] and report["capped_to"] == 32
-    assert qa_report["train_pairs"] > 3000 and "below the seeds' 10,000-100,000 guidance" in report["guidance"]
+    assert qa_report["train_pairs"] > 3000 and "below the usual 10,000-100,000 guidance" in report["guidance"]
     assert len(held) == qa_report["eval_pairs"] >= 200 and report["qa_set"] == "builtin"
     assert {h["object"] for h in held}.isdisjoint(t["object"] for t in trained)
     first = sft.load_data(cfg, sft.load_tokenizer(tiny_base), qa_stage.qa_set(cfg))[1][0]

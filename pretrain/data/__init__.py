@@ -1,4 +1,4 @@
-"""`forge data`: the corpus stage (issue 3). Read top to bottom, in pipeline order:
+"""`forge data`: the corpus stage. Read top to bottom, in pipeline order:
 
 stdlib_corpus.py  the embedded default corpus: stdlib docstrings (parsed with ast, never imported) + pydoc topics
 ingest.py         directory/file reader (.txt .md .rst .html .htm .jsonl[.gz|.zst] .parquet); bad inputs -> skips

@@ -146,7 +146,7 @@ def write(out: Path, stats: Stats, splits: dict[str, Any], cfg: ForgeConfig, spl
         "split_plan": split_plan,
         "calibration": calibration,
         "storage": {
-            "text_bytes_est": tokens * 4,  # ~4 B of plain text per token (the seeds: 10B tokens ~ 40 GB)
+            "text_bytes_est": tokens * 4,  # ~4 B of plain text per token (10B tokens ~ 40 GB of text)
             "token_ids_uint16_bytes": tokens * 2,  # tokenized shards, vocab < 65,536
             "token_ids_uint32_bytes": tokens * 4,
         },
