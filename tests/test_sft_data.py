@@ -90,5 +90,5 @@ def test_formats_and_system_prompt(tmp_path):
     assert examples[1].messages == GOOD_CHAT["messages"]
 
 
-def test_guidance_against_the_seeds_range():
+def test_guidance_against_the_usual_range():
     assert "below" in guidance(500) and "within" in guidance(10_000) and "above" in guidance(250_000)
