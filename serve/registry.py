@@ -45,6 +45,7 @@ from forge.lineage import Stage, candidate_model, completed_manifest, git_commit
 from forge.paths import run_dir, runs_root
 from forge.tracking import client_for, experiment_id, tracking_uri
 from models import TOKENIZER_FILES
+from serve.verify import registry_tag, sha256_problems
 
 log = logging.getLogger("forge.registry")
 
@@ -530,15 +531,10 @@ def resolve_production(cfg: ForgeConfig, name: str | None = None) -> Path:
 
 
 def _verify_files(mv, root: Path) -> None:
-    expected = {"model": mv.tags.get("forge.sha256.model")}
-    actual = {"model": sha256_tree(root / "model") if (root / "model").is_dir() else None}
-    for key, value in mv.tags.items():
-        if key.startswith("forge.sha256.gguf."):
-            type_name = key.removeprefix("forge.sha256.gguf.")
-            path = root / "gguf" / f"model-{type_name}.gguf"
-            expected[f"gguf {type_name}"] = value
-            actual[f"gguf {type_name}"] = sha256_file(path) if path.is_file() else None
-    bad = [k for k in expected if expected[k] is None or expected[k] != actual[k]]
+    """The downloaded model/ and every GGUF the version recorded must have the sha256 registration tagged."""
+    names = ["model"] + [f"gguf/model-{key.removeprefix('forge.sha256.gguf.')}.gguf" for key in mv.tags
+                         if key.startswith("forge.sha256.gguf.")]  # fmt: skip
+    bad = sha256_problems(root, {name: mv.tags.get(registry_tag(name)) for name in names})
     if bad:
         raise ForgeError(f"refusing to serve v{mv.version}: files changed since registration ({', '.join(bad)})")
 
