@@ -306,3 +306,82 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(foreign_base):
     )
     with pytest.raises(ForgeError, match="renders earlier turns differently"):
         sft.assistant_mask(tokenizer, CONVERSATION)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the whole path from the published base, through the real CLI: continued pretraining, LoRA SFT, eval, quantize,
+# register, the gate, then `forge serve` on llama.cpp answering the openai client
+
+
+@pytest.mark.slow
+def test_from_the_published_base_to_a_served_chat_answer(smollm2_gguf, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    import torch
+    from conftest import free_port
+    from llama_cpp import Llama
+    from openai import OpenAI
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from forge.hashing import sha256_file
+
+    repo = Path(__file__).resolve().parent.parent
+    runs, port = tmp_path / "runs", free_port()
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "FORGE_RUNS_DIR": str(runs)}
+    quick = {"model.init_from": smollm2_gguf, "train.max_steps": 4, "train.checkpoint_every": 4,
+             "train.eval_every": 4, "train.eval_batches": 2, "sft.max_steps": 8, "quantize.max_eval_tokens": 4000,
+             "serve.port": port, "serve.ui_port": free_port()}  # fmt: skip
+    sets = [arg for key, value in quick.items() for arg in ("--set", f"{key}={value}")]
+    forge = str(Path(sys.executable).with_name("forge"))
+    cmd = [forge, "pipeline", "--config", "configs/base-smollm2.yaml", *sets]
+    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        deadline = time.time() + 1800
+        while not any("serving" in line and f"127.0.0.1:{port}" in line for line in lines) and proc.poll() is None:
+            assert time.time() < deadline, "".join(lines[-30:])
+            time.sleep(0.5)
+        assert proc.poll() is None, "".join(lines[-40:])
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=3, timeout=120)
+        reply = client.chat.completions.create(
+            model="forge-base-smollm2", messages=[{"role": "user", "content": "What does `json.dumps` do?"}],
+            max_tokens=24, temperature=0.0,
+        )  # fmt: skip
+        answer = reply.choices[0].message.content or ""
+        assert reply.usage.completion_tokens >= 3 and len(answer.split()) >= 3, answer  # words, not noise
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    assert code == 0, "".join(lines[-30:])
+
+    run = runs / "base-smollm2"
+    lineage = json.loads((run / "register" / "lineage.json").read_text())
+    assert lineage["base"]["sha256"] == sha256_file(smollm2_gguf)  # the base is recorded, and it is this file
+    card = json.loads((run / "report.json").read_text())
+    assert card["gate"]["passed"] is True and card["outcome"]["result"] == "promoted"
+    served = json.loads((run / "serve" / "serving.json").read_text())
+    assert served["source"]["alias"] == "production" and served["model"].endswith("model-q4_k_m.gguf")
+
+    # the final model: HF (fp32, the SFT's merged weights) and its f16 GGUF tokenize and score alike
+    model_dir = Path(json.loads((run / "quantize" / "quantize.json").read_text())["model_dir"])
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    f16 = run / "quantize" / "model-f16.gguf"
+    assert check_llama_cpp_tokens(f16, tok) > 100
+    ids = tok(TRICKY_TEXT, add_special_tokens=False)["input_ids"][:64]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        expected = model(torch.tensor([ids])).logits[0].numpy()
+    llm = Llama(model_path=str(f16), n_ctx=128, n_batch=128, logits_all=True, verbose=False)
+    try:
+        llm.eval(ids)
+        got = np.array(llm.scores[: len(ids)])
+    finally:
+        llm.close()
+    assert (got.argmax(-1) == expected.argmax(-1)).mean() > 0.95
+    assert np.abs(got - expected).max() < 0.05 * np.abs(expected).max()  # f16 weights: relative to the logits' size

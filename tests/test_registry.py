@@ -300,7 +300,11 @@ def test_mlflow_ui_shows_versions_aliases_tags_and_eval_metrics(
             ["production", "forge.gate.decision", "forge.sha256.model"],
             "registry-version.png",
         ),
-        (f"#/experiments/{run.info.experiment_id}/runs/{mv.run_id}", ["eval.bits_per_byte"], "registry-run-metrics.png"),
+        (
+            f"#/experiments/{run.info.experiment_id}/runs/{mv.run_id}",
+            ["eval.bits_per_byte"],
+            "registry-run-metrics.png",
+        ),
     ]
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
