@@ -91,6 +91,7 @@ COPY models /src/models
 COPY pretrain /src/pretrain
 COPY finetune /src/finetune
 COPY evaluation /src/evaluation
+COPY registry /src/registry
 COPY serve /src/serve
 COPY configs /src/configs
 COPY docker/entrypoint.sh docker/healthcheck.py docker/mlflow-server.sh /src/bin/

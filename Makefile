@@ -11,10 +11,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo demo-smollm2 smollm2 test test-vllm lint mlflow images test-images clean
 
-$(STAMP): pyproject.toml
+# llama-cpp-python goes in from the portable wheel that the images use too (docker/llama-wheel.sh: GGML_NATIVE=OFF,
+# compiled once into ~/.cache/forge/wheelhouse), never from pip's own cache: pip keys a wheel it compiled by version
+# alone, so a -march=native build made on an AVX-512 host is handed to an AVX2 host, where the first llama.cpp call
+# kills the process with SIGILL ("Illegal instruction").
+$(STAMP): pyproject.toml Dockerfile docker/llama-wheel.sh docker/llama-lib-only.cmake
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	wheel=$$(PYTHON=$(abspath $(BIN))/python bash docker/llama-wheel.sh) && \
+		$(BIN)/python -m pip install --quiet --force-reinstall --no-deps "$$wheel"
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 

@@ -1,1 +1,1 @@
-"""Evaluation: perplexity, domain tasks, red flags and the promotion gate policy."""
+"""Evaluation: bits per byte, domain tasks and red flags of one model (the gate that judges them is registry/)."""

@@ -1,6 +1,6 @@
 """eval.json, report.md, report.html and the plots of one evaluation.
 
-eval.json (format "forge-eval/1"):
+eval.json (format "forge-eval/2"):
   artifact    {"path", "kind": "hf" | "gguf", "sha256"}: the evaluated model (sha256 of the file, or of the
               directory's sorted (path, sha256) list as in forge.lineage.sha256_tree)
   tokenizer   {"name", "vocab_size", "sha256"} of the evaluated model's tokenizer (the unit of its perplexity)
@@ -22,6 +22,11 @@ eval.json (format "forge-eval/1"):
   flags       one entry per red flag: {"name", "passed", "value", "threshold", "evidence", "artifact_sha256", ...}
   benchmarks  lm-eval scores: {"task", "metric", "value", "stderr", "artifact_sha256"} (null when not run)
   samples     the seeded generations: {"prompt", "seed", "text"}
+  items       per item, what the gate's intervals and paired comparisons are computed from (registry/gate.py), each
+              a set of equally long lists: mc {ids, correct, correct_norm, correct_pmi, chance}, qa {ids, f1,
+              exact_match}, text {ids, bytes, bits, bits_random_init, bits_unigram} (one entry per test document).
+              ids are sha256 prefixes of the question and reference answer (of the document's text), so two
+              evaluations of the same items pair up
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from forge.config import ForgeConfig
 from forge.io import atomic_write_json, atomic_write_text
 from forge.render import fmt
 
-FORMAT = "forge-eval/1"
+FORMAT = "forge-eval/2"
 DOMAIN = [  # (metric, higher is better, key path in a measure() result)
     ("bits_per_byte", False, ("text", "bits_per_byte")),
     ("qa_f1", True, ("qa", "qa_f1")),
@@ -64,6 +69,7 @@ def build_eval(
     memorisation: dict[str, Any],
     reference: dict[str, Any] | None,
     data: dict[str, Any],
+    document_ids: list[str],
 ) -> dict[str, Any]:
     def metric(name: str, value: Any, higher: bool | None, group: str, **extra: Any) -> dict[str, Any]:
         return {"name": name, "value": value, "higher_is_better": higher, "group": group,
@@ -133,7 +139,25 @@ def build_eval(
         "flags": [{**f, "artifact_sha256": sha256} for f in flags],
         "benchmarks": bench,
         "samples": [{k: s[k] for k in ("prompt", "seed", "text")} for s in result["samples"]],
+        "items": item_evidence(result, baseline, document_ids),
     }
+
+
+def item_evidence(result: dict[str, Any], baseline: dict[str, Any] | None, document_ids: list[str]) -> dict[str, Any]:
+    """The per-item scores behind the headline metrics (see `items` above)."""
+    mc, qa, docs = result["mc_predictions"], result["qa_predictions"], result["documents"]
+    kept = docs["index"]
+    text = {"ids": [document_ids[i] for i in kept], "bytes": docs["bytes"], "bits": docs["bits"],
+            "bits_unigram": [result["unigram"]["document_bits"][i] for i in kept]}  # fmt: skip
+    if baseline is not None and baseline["documents"]["index"] == kept:
+        text["bits_random_init"] = baseline["documents"]["bits"]
+    return {
+        "mc": {"ids": [r["id"] for r in mc], "chance": result["mc"]["mc_chance"],
+               **{k: [int(r[k]) for r in mc] for k in ("correct", "correct_norm", "correct_pmi")}},
+        "qa": {"ids": [p["id"] for p in qa], "f1": [p["f1"] for p in qa],
+               "exact_match": [p["exact_match"] for p in qa]},
+        "text": text,
+    }  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -261,6 +261,7 @@ def evaluate(
         stage.dir, target=str(model), artifact_kind="gguf" if model.suffix == ".gguf" else "hf",
         sha256=sha256_tree(model), result=result, baseline=baseline, flags=flags, benchmarks=bench_results,
         memorisation={"train": mem_train, "test": mem_test}, reference=ref_text, data=data, cfg=cfg,
+        document_ids=[tasks.text_id(d) for d in test.documents],
     )  # fmt: skip
     log_to_producer(stage, producer, report)
     for f in flags:
@@ -310,9 +311,11 @@ def measure(
             doc_prompts = tasks.document_prompts(backend, texts, ecfg.generation_prompts, ecfg.prompt_tokens)
             prompts = [(backend.decode(p), p) for p in doc_prompts]
         samples = tasks.run_generations(backend, prompts, ecfg.max_new_tokens, ecfg.temperature, ecfg.top_k, cfg.seed)
+    documents = {"index": list(text.document_index), "bytes": list(text.document_bytes),
+                 "bits": [nll / math.log(2) for nll in text.document_nll]}  # fmt: skip
     return {
         "text": text.as_dict(), "qa": qa, "mc": mc, "samples": samples, "qa_predictions": qa_predictions,
-        "mc_items": items, "mc_predictions": mc_predictions,
+        "mc_items": items, "mc_predictions": mc_predictions, "documents": documents,
     }  # fmt: skip
 
 

@@ -160,6 +160,16 @@ def answer_ids(backend: Backend, answer: str, chat: bool) -> list[int]:
     return ids
 
 
+def text_id(text: str) -> str:
+    """An item's identity across evaluations (of another model, or of @production by the gate): its text hashed."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def item_id(question: str, answer: str) -> str:
+    """A held-out Q&A item's identity: its question and reference answer."""
+    return text_id(f"{question}\0{answer}")
+
+
 def select_qa(records: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     """At most `limit` records, a stable choice (by a hash of the question), in file order."""
     if len(records) <= limit:
@@ -184,7 +194,8 @@ def run_qa(
         new = backend.generate(prompt, max_new_tokens, stop_ids=stops, stop_text=None if chat else "\n\n")
         text = cut_answer(backend.decode([t for t in new if t not in stops]), chat)
         predictions.append({
-            "question": record["question"], "qtype": record.get("qtype"), "reference": record["answer"],
+            "id": item_id(record["question"], record["answer"]), "question": record["question"],
+            "qtype": record.get("qtype"), "reference": record["answer"],
             "prediction": text, "f1": token_f1(text, record["answer"]),
             "exact_match": exact_match(text, record["answer"]),
         })  # fmt: skip
@@ -297,7 +308,8 @@ def run_mc(backend: Backend, items: list[dict[str, Any]], chat: bool) -> tuple[d
         pmi = [s - p for s, p in zip(scores, priors, strict=True)]
         pred, pred_norm, pred_pmi = int(np.argmax(scores)), int(np.argmax(norm)), int(np.argmax(pmi))
         rows.append({
-            "question": item["question"], "qtype": item.get("qtype"), "gold": item["gold"], "pred": pred,
+            "id": item_id(item["question"], item["choices"][item["gold"]]), "question": item["question"],
+            "qtype": item.get("qtype"), "gold": item["gold"], "pred": pred,
             "pred_norm": pred_norm, "pred_pmi": pred_pmi, "correct": pred == item["gold"],
             "correct_norm": pred_norm == item["gold"], "correct_pmi": pred_pmi == item["gold"],
             "logprobs": [round(s, 4) for s in scores], "question_free_logprobs": [round(p, 4) for p in priors],
@@ -385,20 +397,24 @@ def verbatim_rate(backend: Backend, documents: list[np.ndarray], prefix: int, su
 
 def unigram_floor(backend: Backend, train_texts: Sequence[str], test_texts: Sequence[str]) -> dict[str, Any]:
     """Bits per byte (and per-token perplexity) of the add-one-smoothed unigram distribution of the backend's
-    tokenizer, fitted on the train text, on every id of the test documents (over the same bytes as score_text)."""
+    tokenizer, fitted on the train text, on every id of the test documents (over the same bytes as score_text);
+    `document_bits`: each test document's bits (0.0 for one that tokenizes to nothing)."""
     counts = np.ones(backend.vocab_size, dtype=np.float64)
     for text in train_texts:
         ids = np.asarray(backend.encode(text), dtype=np.int64)
         counts += np.bincount(ids[ids < backend.vocab_size], minlength=backend.vocab_size)
     logp = np.log(counts / counts.sum())
     nll = tokens = n_bytes = 0.0
+    document_bits = []
     for text in test_texts:
         ids = np.asarray(backend.encode(text), dtype=np.int64)
+        doc_nll = -float(logp[np.minimum(ids, backend.vocab_size - 1)].sum()) if len(ids) else 0.0
+        document_bits.append(doc_nll / math.log(2))
         if len(ids):
-            nll -= float(logp[np.minimum(ids, backend.vocab_size - 1)].sum())
+            nll += doc_nll
             tokens += len(ids)
             n_bytes += len(text.encode("utf-8"))
     if not tokens:
         return {"bits_per_byte": float("nan"), "ppl": float("nan"), "tokenizer": backend.tokenizer_info()}
     return {"bits_per_byte": nll / math.log(2) / n_bytes, "ppl": math.exp(nll / tokens),
-            "tokenizer": backend.tokenizer_info()}  # fmt: skip
+            "tokenizer": backend.tokenizer_info(), "document_bits": document_bits}  # fmt: skip

@@ -166,19 +166,23 @@ class Backend:
         tokenizer and cut into sliding windows (the rule is in models/perplexity.py's docstring)."""
         if window > self.context:
             raise ForgeError(f"window={window} is longer than the context of {self.path} ({self.context} tokens)")
-        documents, n_bytes = [], 0
-        for text in texts:
+        kept, windows_of, sizes = [], [], []
+        for i, text in enumerate(texts):
             ids = self.encode(text)
             if ids:
-                documents.append(ids)
-                n_bytes += len(text.encode("utf-8"))
-        if not documents:
+                kept.append(i)
+                windows_of.append(document_windows([ids], self.document_separator(), window, stride))
+                sizes.append(len(text.encode("utf-8")))
+        if not kept:
             raise ForgeError("no text to score: every document is empty")
-        requests = document_windows(documents, self.document_separator(), window, stride)
-        nll = -sum(self.score_tails(requests, desc))
+        requests = [r for doc in windows_of for r in doc]
+        scores = self.score_tails(requests, desc)
+        ends = np.cumsum([len(doc) for doc in windows_of])
+        nll = tuple(-float(sum(scores[end - len(doc) : end])) for doc, end in zip(windows_of, ends, strict=True))
         return TextScore(
-            nll=nll, tokens=sum(n for _, n in requests), bytes=n_bytes, documents=len(documents),
+            nll=sum(nll), tokens=sum(n for _, n in requests), bytes=sum(sizes), documents=len(kept),
             windows=len(requests), window=window, stride=stride, tokenizer=self.tokenizer_info(),
+            document_index=tuple(kept), document_nll=nll, document_bytes=tuple(sizes),
         )  # fmt: skip
 
     def generate(

@@ -68,6 +68,10 @@ class TextScore:
     window: int
     stride: int
     tokenizer: dict[str, Any]  # {"name", "vocab_size", "sha256"}: what the per-token perplexity is measured in
+    # Per scored document (the gate's paired comparisons): its index in the texts given, its nats and its bytes.
+    document_index: tuple[int, ...] = ()
+    document_nll: tuple[float, ...] = ()
+    document_bytes: tuple[int, ...] = ()
 
     @property
     def bits_per_byte(self) -> float:

@@ -25,9 +25,8 @@ from typing import Any
 
 from forge import ForgeError
 from forge.config import ServeConfig
-from forge.hashing import sha256_file
+from forge.hashing import sha256_file, sha256_problems
 from forge.io import atomic_write_json
-from serve.verify import sha256_problems
 
 MANIFEST = "manifest.json"
 FORMAT = 2

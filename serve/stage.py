@@ -5,8 +5,8 @@
     forge chat --api-base http://127.0.0.1:8080/v1
     forge bundle --out dist/bundle     # @production -> dist/bundle/ and dist/bundle.tar.gz
 
-By default only `resolve_production` chooses what is served, so a model the gate refused is never served; `--gguf`
-serves a file directly and says so.
+By default only `registry.serving.servable` chooses what is served, so a model the gate refused is never served;
+`--gguf` serves a file directly and says so.
 """
 
 from __future__ import annotations
@@ -66,16 +66,12 @@ def plan_server(
         check_gguf(Path(gguf))
         log.warning("serving %s directly: it did not come through the registry gate", gguf)
         return _gguf_server(cfg, chosen, Path(gguf), cfg.registry.model_name, s.n_ctx, port, {"file": str(gguf)})
-    from serve.registry import resolve_production
+    from registry.serving import servable
 
-    root = resolve_production(cfg)
     alias = cfg.registry.model_name
-    version = root.name.removeprefix("v")
-    source = {"name": alias, "alias": "production", "version": version}
     key = api_key(cfg)
     if chosen == "vllm":
-        model_dir = root / "model"
-        verify_registry_cache(cfg, root, "model")
+        model_dir, source = servable(cfg, "model")
         info = {"backend": "vllm", "model": str(model_dir), "alias": alias, "source": source}
         return Backend(
             vllm_command(model_dir, port, alias, s.host, key, s.n_ctx),
@@ -86,11 +82,7 @@ def plan_server(
             _log_path(cfg),
             ready_timeout=600,
         ), info
-    path = root / "gguf" / f"model-{s.gguf_type}.gguf"
-    if not path.is_file():
-        have = sorted(p.name for p in (root / "gguf").glob("*.gguf"))
-        raise ForgeError(f"{alias}@production has no {path.name} (serve.gguf_type={s.gguf_type}); it has: {have}")
-    verify_registry_cache(cfg, root, path.relative_to(root).as_posix())
+    path, source = servable(cfg, f"gguf/model-{s.gguf_type}.gguf")
     check_gguf(path)
     return _gguf_server(cfg, chosen, path, alias, s.n_ctx, port, source)
 
@@ -119,17 +111,6 @@ def _gguf_server(
         command = gateway_command(server, port, s.host)
         env = {LLAMA_API_KEY_ENV: key} if key else None
     return Backend(command, port, alias, s.host, key, _log_path(cfg), env=env), info
-
-
-def verify_registry_cache(cfg: ForgeConfig, root: Path, name: str) -> None:
-    """Check root/name (a GGUF, or the model directory) against the sha256 the registry recorded for it, every time:
-    the cache was checked when it was downloaded, and a file changed on disk after that must not be served."""
-    from forge.tracking import client_for
-    from serve.verify import verify_registry_files
-
-    model, version = cfg.registry.model_name, root.name.removeprefix("v")
-    tags = client_for(cfg).get_model_version(model, version).tags
-    verify_registry_files(root, [name], tags, f"{model} v{version}")
 
 
 def _log_path(cfg: ForgeConfig) -> Path:
@@ -220,22 +201,13 @@ def _served_model(api_base: str, key: str | None) -> str | None:
 
 def bundle_run(cfg: ForgeConfig, force: bool = False, out: Path | None = None) -> dict[str, Any]:
     """`forge bundle`: @production's GGUF (serve.gguf_type) -> a checksummed bundle directory and tarball."""
+    from registry.serving import servable
     from serve.bundle import build_bundle
-    from serve.registry import resolve_production
 
-    root = resolve_production(cfg)
-    path = root / "gguf" / f"model-{cfg.serve.gguf_type}.gguf"
-    if not path.is_file():
-        raise ForgeError(f"@production has no {path.name} (serve.gguf_type={cfg.serve.gguf_type})")
-    verify_registry_cache(cfg, root, path.relative_to(root).as_posix())  # the bundle's checksums start from these bytes
+    # re-verified now: the bundle's checksums start from these bytes
+    path, source = servable(cfg, f"gguf/model-{cfg.serve.gguf_type}.gguf")
     out = Path(out) if out else run_dir(cfg) / "bundle"
-    source = {
-        "name": cfg.registry.model_name,
-        "alias": "production",
-        "version": root.name.removeprefix("v"),
-        "gguf_type": cfg.serve.gguf_type,
-        "run": cfg.run_name,
-    }
+    source |= {"gguf_type": cfg.serve.gguf_type, "run": cfg.run_name}
     n_ctx = cfg.serve.n_ctx or context_length(path) or 2048
     manifest = build_bundle(path, out, source, cfg.serve, n_ctx)
     manifest["dir"] = str(out)

@@ -122,3 +122,13 @@ def smollm2_gguf() -> Path:
         subprocess.run(["make", "-s", "-C", str(ROOT), "smollm2", f"SMOLLM2_DIR={cache}", f"PYTHON={sys.executable}"],
                        check=True)  # fmt: skip
     return path
+
+
+@pytest.fixture(scope="session")
+def catalogue() -> Path:
+    """The synthetic parts catalogue configs/ci-smoke.yaml reads (build/catalogue/ under the repository, relative
+    to the working directory the CLI runs in): written once per session, the same bytes every time."""
+    from catalogue import write_catalogue
+
+    write_catalogue(ROOT / "build" / "catalogue")
+    return ROOT / "build" / "catalogue"

@@ -247,7 +247,10 @@ def test_metrics_by_question_type_are_reported_beside_the_headline():
 
     def result(f1_members: float) -> dict:
         return {"text": {"bits_per_byte": 1.5, "ppl": 10.0, "tokens": 100, "tokenizer": tokenizer}, "chat": True,
-                "samples": [], "unigram": {"bits_per_byte": 4.0, "ppl": 50.0, "tokenizer": tokenizer},
+                "samples": [], "unigram": {"bits_per_byte": 4.0, "ppl": 50.0, "tokenizer": tokenizer,
+                                           "document_bits": [1200.0]},
+                "documents": {"index": [0], "bytes": [300], "bits": [450.0]}, "qa_predictions": [],
+                "mc_predictions": [{"id": "m1", "correct": True, "correct_norm": False, "correct_pmi": True}],
                 "qa": {"qa_f1": 0.4, "qa_exact_match": 0.2, "qa_examples": 3.0, "qa_empty_rate": 0.0,
                        "qa_f1.members": f1_members, "qa_exact_match.members": f1_members, "qa_examples.members": 2.0,
                        "qa_constant_exact_match.members": 0.5},
@@ -258,7 +261,11 @@ def test_metrics_by_question_type_are_reported_beside_the_headline():
             "qa_sha256": "3" * 64, "qa_source": "qa.jsonl"}  # fmt: skip
     report = build_eval(target="m", artifact_kind="hf", sha256="0" * 64, result=result(0.5), baseline=result(0.0),
                         flags=[], benchmarks=None, memorisation={"train": {"exact": 0.0}, "test": {"exact": 0.0}},
-                        reference=None, data=data)  # fmt: skip
+                        reference=None, data=data, document_ids=["d0"])  # fmt: skip
+    assert report["items"]["text"] == {"ids": ["d0"], "bytes": [300], "bits": [450.0], "bits_unigram": [1200.0],
+                                       "bits_random_init": [450.0]}  # fmt: skip
+    assert report["items"]["mc"] == {"ids": ["m1"], "chance": 0.25, "correct": [1], "correct_norm": [0],
+                                     "correct_pmi": [1]}  # fmt: skip
     by_type = {m["name"]: m for m in report["metrics"] if m["group"] == "domain_by_type"}
     assert by_type["qa_f1.members"]["random_init"] == 0.0 and by_type["qa_f1.members"]["higher_is_better"] is True
     assert by_type["mc_acc.members"]["chance"] == 0.25 and by_type["mc_examples.members"]["higher_is_better"] is None

@@ -380,7 +380,7 @@ def test_serve_cpu_image_is_small_and_has_no_torch(serve_image):
     assert size_mb(size) < SIZE_GOAL_MB, f"serve-cpu is {size}, over the {SIZE_GOAL_MB} MB goal"
     probe = (
         "import importlib.util as u, json, gradio, mlflow, openai, serve.stage, serve.chat_ui, serve.gateway, "
-        "serve.registry, forge.cli; print(json.dumps({'torch': u.find_spec('torch') is not None, "
+        "registry.serving, registry.promote, forge.cli; print(json.dumps({'torch': u.find_spec('torch') is not None, "
         "'transformers': u.find_spec('transformers') is not None, 'mlflow': mlflow.__file__, "
         "'llama_cpp': u.find_spec('llama_cpp') is not None, 'uid': __import__('os').getuid()}))"
     )
@@ -455,14 +455,15 @@ def test_serve_cpu_image_answers_a_chat_completion_from_outside(serve_image, tmp
 
 
 # configs/ci-smoke.yaml, unchanged: the smoke model tests/test_pipeline.py also runs on the host, small enough for a
-# few minutes in a container and trained enough to pass the shipped gate (configs/policies/gate.yaml). So the run in
-# the container must end promoted, not merely run: a refusal fails this test.
+# few minutes in a container and trained enough on its synthetic catalogue (mounted where the config looks for it) to
+# pass the shipped gate (configs/policies/gate.yaml). So the run in the container must end promoted, not merely run:
+# a refusal fails this test.
 SMOKE_CONFIG, SMOKE_MODEL, SMOKE_RUN = "configs/ci-smoke.yaml", "forge-ci-smoke", "container"
 
 
 @images
 @pytest.mark.slow
-def test_train_image_runs_the_pipeline_through_the_gate(tmp_path):
+def test_train_image_runs_the_pipeline_through_the_gate(tmp_path, catalogue):
     from forge.stages import RUN_LAYOUT
 
     image = build("train")
@@ -477,7 +478,8 @@ def test_train_image_runs_the_pipeline_through_the_gate(tmp_path):
     script = f"forge pipeline --no-serve {config}; code=$?; echo '== status'; forge status {SMOKE_RUN}; " \
              f"echo '== registry'; forge registry history {SMOKE_MODEL} {config} --json; exit $code"  # fmt: skip
     start = time.monotonic()
-    out = run_in(image, ["sh", "-c", script], {str(runs): "/app/runs"}, timeout=1800)
+    mounts = {str(runs): "/app/runs", str(catalogue): "/app/build/catalogue"}
+    out = run_in(image, ["sh", "-c", script], mounts, timeout=1800)
     seconds = round(time.monotonic() - start)
     with (ROOT / "build" / "images.jsonl").open("a") as report:
         report.write(json.dumps({"image": image, "run": f"forge pipeline --no-serve ({SMOKE_CONFIG})",

@@ -1,4 +1,5 @@
-"""`forge pipeline` end to end, as real processes, on configs/ci-smoke.yaml (the embedded corpus, a 2-layer model):
+"""`forge pipeline` end to end, as real processes, on configs/ci-smoke.yaml (a 2-layer model on the synthetic parts
+catalogue of tests/catalogue.py, which it learns well enough to pass the real gate):
 
 - killed with SIGKILL during pretraining, then re-run: finished stages are skipped, pretrain resumes from its
   checkpoint, and the pipeline finishes through the gate;
@@ -42,7 +43,7 @@ def manifest(runs: Path, stage: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
+def finished(tmp_path_factory, catalogue):
     """A pipeline killed once its pretraining wrote the first checkpoint, then re-run to the end."""
     runs = tmp_path_factory.mktemp("pipeline-runs")
     cmd = [FORGE, "pipeline", "--config", CONFIG, "--no-serve"]
@@ -67,7 +68,7 @@ def test_a_killed_pipeline_resumes_pretraining_and_finishes(finished):
     assert manifest(runs, "data")["finished_at"] == killed["data"]["finished_at"], "finished stages are skipped"
     pretrain = manifest(runs, "pretrain")
     assert pretrain["status"] == "complete"
-    assert pretrain["metrics"]["resumed_from_step"] >= 10 and pretrain["metrics"]["steps"] == 60
+    assert pretrain["metrics"]["resumed_from_step"] >= 100 and pretrain["metrics"]["steps"] == 600
     assert "report card:" in rerun.stdout and "decision: PASS" in rerun.stdout
 
 
@@ -81,7 +82,7 @@ def test_every_stage_is_complete_and_the_report_card_covers_the_run(finished):
     assert card["metrics"]["pretrain"]["final_val_loss"] < card["metrics"]["pretrain"]["initial_val_loss"]
     assert {"pretrain", "sft"} <= card["eval"].keys() and card["eval"]["sft"]["qa_f1"]["value"] is not None
     text = (run / "report.md").read_text()
-    assert card["qa"]["source"]["kind"] == "builtin" and card["qa"]["eval_pairs"] > 0
+    assert card["qa"]["source"]["kind"] == "file" and card["qa"]["eval_pairs"] > 0
     assert "## Q&A samples, 10 of each kind" in (run / "report.md").read_text()
     for heading in ("Corpus", "Domain Q&A", "Tokenizer", "pretraining", "before and after SFT", "Red flags",
                     "Quantization", "Gate", "Lineage"):  # fmt: skip
@@ -111,7 +112,7 @@ def test_a_refused_gate_stops_the_pipeline_before_serving_and_says_why(finished,
     runs = tmp_path / "runs"
     shutil.copytree(finished[0], runs)
     policy = yaml.safe_load((REPO / "configs" / "policies" / "gate.yaml").read_text())
-    policy["metrics"]["mc_acc"] = {"min": 1.01}  # impossible: accuracy is at most 1
+    policy["metrics"] = {"mc_acc": {"min": 1.01}}  # impossible: accuracy is at most 1
     (tmp_path / "strict.yaml").write_text(yaml.safe_dump(policy))
     cmd = [FORGE, "pipeline", "--config", CONFIG, "--set", f"registry.gate_policy={tmp_path / 'strict.yaml'}"]
     out = subprocess.run(cmd, cwd=REPO, env=env_for(runs), capture_output=True, text=True, timeout=900)
@@ -155,7 +156,7 @@ def test_a_passed_gate_ends_with_the_promoted_model_served_behind_the_chat_ui(fi
         assert proc.poll() is None, "".join(lines[-30:])
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
         reply = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "What does `json.dumps` do?"}], max_tokens=8
+            model=MODEL, messages=[{"role": "user", "content": "What colour is the dravik?"}], max_tokens=8
         )
         assert reply.choices[0].message.content is not None and reply.usage.completion_tokens >= 1
         served = json.loads((runs / RUN / "serve" / "serving.json").read_text())

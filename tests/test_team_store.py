@@ -23,7 +23,8 @@ from conftest import free_port, wait_for_mlflow
 from test_registry import REPO, config, model_src, register  # noqa: F401 - fixture
 
 from forge.hashing import sha256_file, sha256_tree
-from serve import registry
+from registry import promote
+from registry.serving import resolve_production
 
 TEAM_ENV = dict(line.split("=", 1) for line in (REPO / "docker" / "team.env").read_text().splitlines() if "=" in line)
 PASSWORD = "team-test-password"  # the shell's FORGE_DB_PASSWORD in a real deployment
@@ -121,7 +122,7 @@ def test_team_store_keeps_the_registry_in_postgres_and_the_files_in_s3(
     name = "forge-team-test"
     version = register(team_server, isolated_runs, "team", name, model_src)
     cfg = config(team_server, "team", name)
-    assert registry.promote(cfg, name, version).passed
+    assert promote.promote(cfg, name, version).passed
 
     # the registry lives in Postgres: the version and its @production alias are rows there
     with psycopg.connect(host="127.0.0.1", port=int(postgres["FORGE_DB_PORT"]), user=postgres["FORGE_DB_USER"],
@@ -151,7 +152,7 @@ def test_team_store_keeps_the_registry_in_postgres_and_the_files_in_s3(
     assert any(k.endswith(".gguf") for k in keys), keys
 
     # serve's @production lookup downloads through the server what was registered
-    served = registry.resolve_production(cfg)
+    served = resolve_production(cfg)
     assert sha256_tree(served / "model") == sha256_tree(isolated_runs / "team" / "pretrain" / "model")
     for gguf in (isolated_runs / "team" / "quantize").glob("*.gguf"):
         assert sha256_file(served / "gguf" / gguf.name) == sha256_file(gguf)

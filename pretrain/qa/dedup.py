@@ -18,6 +18,10 @@ from forge.config import DedupConfig
 from pretrain.data.dedup import NearDeduper, candidate_pairs, jaccard, keep_mask, verified_clusters
 
 QA_NGRAM = 2  # word n-gram size of near-duplicate detection on Q&A pairs (see near_duplicate_labels)
+# An answer of one or two words is a value (a name, a number, a setting, a colour) that many questions share by design:
+# decontaminating on it alone would drop every train pair whose value also answers a held-out question, so such pairs
+# are compared by question and answer together. A longer answer ("It returns the sorted list.") identifies its pair.
+SHORT_ANSWER_WORDS = 2
 HOLD_OUT_HASH_SEED = 0x5F7  # the hash of held-out questions and objects (independent of the data stage's split hash)
 
 
@@ -96,7 +100,8 @@ def split_held_out(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, held-out) of a user's file, by a stable hash of each conversation's first question. Near-duplicate
     conversations are removed (held-out ones preferred), then every train record whose answer near-duplicates a
-    held-out answer (decontamination: the answer is what `forge eval` scores)."""
+    held-out answer (decontamination: the answer is what `forge eval` scores; for a short answer, its question and
+    answer together, see SHORT_ANSWER_WORDS)."""
 
     def first_question(r: dict[str, Any]) -> str:
         return next((m["content"] for m in r.get("messages") or () if m["role"] == "user"), r["question"])
@@ -110,7 +115,9 @@ def split_held_out(
     held_out = [r for r, k in zip(ordered[:n_eval], keep[:n_eval], strict=True) if k]
     train = [r for r, k in zip(ordered[n_eval:], keep[n_eval:], strict=True) if k]
     if held_out and train:
-        labels = near_duplicate_labels([r["answer"] for r in held_out + train], dedup_cfg, seed)
+        keys = [r["answer"] if len(r["answer"].split()) > SHORT_ANSWER_WORDS else example_text(r)
+                for r in held_out + train]  # fmt: skip
+        labels = near_duplicate_labels(keys, dedup_cfg, seed)
         leaked = set(labels[: len(held_out)].tolist())
         train = [r for r, label in zip(train, labels[len(held_out) :], strict=True) if label not in leaked]
     return train, held_out
