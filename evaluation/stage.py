@@ -20,9 +20,10 @@ The eval.json and report are also logged to the MLflow run of the stage that pro
 Bits per byte (models/perplexity.py has the exact rule) is what is compared across models: the report, the red
 flags (drift against the reference, incoherence against the unigram floor, untrained) and the gate. Per-token
 perplexity is reported beside it, labelled with its tokenizer. The random-init floor is a twin of the model's
-architecture with its tokenizer, scored on the same text and the same multiple-choice items through the same
-batched path; it answers only a quarter of the Q&A (RANDOM_QA_SHARE): an untrained model never stops before
-max_new_tokens, so its generations would cost more than the model's, and its F1 is near 0 on any subset.
+architecture with its tokenizer, scored on the same text through the same batched path, and on a quarter of the
+Q&A and multiple-choice items (RANDOM_SHARE, a stable subset): a floor needs no more, an untrained model never stops
+before max_new_tokens (its generations would cost more than the model's), and its scores sit at chance on any subset.
+The gate compares multiple choice with chance itself and bits per byte with the twin's on every test document.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from models.access import Backend, HFBackend, is_chat_model, open_model
 from models.gguf import check_gguf
 
 log = logging.getLogger("forge.eval")
-RANDOM_QA_SHARE = 0.25  # of the Q&A the model answers, the share its random-init twin answers
+RANDOM_SHARE = 0.25  # of the Q&A and multiple-choice items the model answers, the share its random-init twin does
 
 STAGE_TARGETS = ("pretrain", "sft")
 OUTPUTS = (
@@ -207,7 +208,7 @@ def evaluate(
         log.info("eval: %s (%s, %s model), %d test documents (%d bytes), %d held-out Q&A", model, backend.kind,
                  "chat" if chat else "base", len(test.documents), test.bytes, len(records))  # fmt: skip
         window, stride = score_window(backend, ecfg.ppl_window, ecfg.ppl_stride)
-        result = measure(backend, cfg, test.documents, records, chat, window, stride, qa_share=1.0)
+        result = measure(backend, cfg, test.documents, records, chat, window, stride, share=1.0)
         result["chat"] = chat
         result["unigram"] = tasks.unigram_floor(backend, train.documents, test.documents)
         memorised = ecfg.memorisation_prefix + ecfg.memorisation_suffix
@@ -219,7 +220,7 @@ def evaluate(
         if ecfg.random_baseline and isinstance(backend, HFBackend):
             random_backend = random_init_backend(backend, cfg.seed)
             baseline = measure(random_backend, cfg, test.documents, records, chat, window, stride,
-                               qa_share=RANDOM_QA_SHARE, generations=False)  # fmt: skip
+                               share=RANDOM_SHARE, generations=False)  # fmt: skip
         vocab = backend.vocab_size
     finally:
         backend.close()
@@ -287,20 +288,21 @@ def measure(
     chat: bool,
     window: int,
     stride: int,
-    qa_share: float,
+    share: float,
     generations: bool = True,
 ) -> dict[str, Any]:
-    """Bits per byte, QA (`qa_share` of the selected pairs), multiple choice and generations of one backend (the
+    """Bits per byte, QA and multiple choice (`share` of the selected items) and generations of one backend (the
     model, or its random-init twin)."""
     ecfg = cfg.eval
     text = backend.score_text(texts, window, stride, "eval: bits per byte")
     if not chat and ecfg.base_fewshot:
         records = tasks.with_fewshot(records, ecfg.base_fewshot, cfg.seed)
     chosen = tasks.select_qa(records, ecfg.qa_max_examples)
-    chosen = tasks.select_qa(chosen, max(1, math.ceil(qa_share * len(chosen))))
+    chosen = tasks.select_qa(chosen, max(1, math.ceil(share * len(chosen))))
     qa, qa_predictions = tasks.run_qa(backend, chosen, chat, ecfg.max_new_tokens)
     items = tasks.build_mc_items(records, ecfg.mc_choices, cfg.seed)
     items = tasks.select_qa(items, ecfg.mc_max_examples)
+    items = tasks.select_qa(items, max(1, math.ceil(share * len(items))))
     mc, mc_predictions = tasks.run_mc(backend, items, chat)
     samples = []
     if generations:
