@@ -22,11 +22,11 @@ eval.json (format "forge-eval/2"):
   flags       one entry per red flag: {"name", "passed", "value", "threshold", "evidence", "artifact_sha256", ...}
   benchmarks  lm-eval scores: {"task", "metric", "value", "stderr", "artifact_sha256"} (null when not run)
   samples     the seeded generations: {"prompt", "seed", "text"}
-  items       per item, what the gate's intervals and paired comparisons are computed from (registry/gate.py), each
-              a set of equally long lists: mc {ids, correct, correct_norm, correct_pmi, chance}, qa {ids, f1,
-              exact_match}, text {ids, bytes, bits, bits_random_init, bits_unigram} (one entry per test document).
-              ids are sha256 prefixes of the question and reference answer (of the document's text), so two
-              evaluations of the same items pair up
+  items       per item, what the gate's intervals and paired comparisons are computed from (registry/gate.py):
+              lists as long as their ids, mc {ids, correct, correct_norm, correct_pmi} and its chance (one number),
+              qa {ids, f1, exact_match}, text {ids, bytes, bits, bits_random_init, bits_unigram} (one entry per test
+              document). ids are sha256 prefixes of the question, answer and choices (of the document's text), so
+              two evaluations of the same items pair up
 """
 
 from __future__ import annotations

@@ -170,6 +170,12 @@ def item_id(question: str, answer: str) -> str:
     return text_id(f"{question}\0{answer}")
 
 
+def mc_item_id(item: dict[str, Any]) -> str:
+    """A multiple-choice item's identity: its question, its answer and its choices (another draw of distractors, or
+    another number of them, is another item)."""
+    return text_id("\0".join([item["question"], item["choices"][item["gold"]], *sorted(item["choices"])]))
+
+
 def select_qa(records: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     """At most `limit` records, a stable choice (by a hash of the question), in file order."""
     if len(records) <= limit:
@@ -308,7 +314,7 @@ def run_mc(backend: Backend, items: list[dict[str, Any]], chat: bool) -> tuple[d
         pmi = [s - p for s, p in zip(scores, priors, strict=True)]
         pred, pred_norm, pred_pmi = int(np.argmax(scores)), int(np.argmax(norm)), int(np.argmax(pmi))
         rows.append({
-            "id": item_id(item["question"], item["choices"][item["gold"]]), "question": item["question"],
+            "id": mc_item_id(item), "question": item["question"],
             "qtype": item.get("qtype"), "gold": item["gold"], "pred": pred,
             "pred_norm": pred_norm, "pred_pmi": pred_pmi, "correct": pred == item["gold"],
             "correct_norm": pred_norm == item["gold"], "correct_pmi": pred_pmi == item["gold"],

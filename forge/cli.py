@@ -147,7 +147,7 @@ def eval_verb(
     benchmarks: Annotated[Optional[str], typer.Option(
         "--benchmarks", help="lm-eval tasks, comma-separated: forge_qa_mc,arc_easy (default: eval.benchmarks)")] = None,
 ) -> None:  # fmt: skip
-    """Perplexity, domain tasks and red flags for a model; writes eval.json and report.md."""
+    """Bits per byte, domain tasks and red flags for a model; writes eval.json and report.md."""
     names = [t.strip() for t in benchmarks.split(",") if t.strip()] if benchmarks is not None else None
     manifest = run_verb("eval", config, set_, run, force, target=target, benchmarks=names)
     failed = int(manifest.get("metrics", {}).get("flags_failed", 0))

@@ -65,7 +65,7 @@ STAGES: dict[str, StageSpec] = {
         StageSpec("pretrain", "pretrain.train:run",
                   "train the decoder-only model with Accelerate; export the best checkpoint",
                   dirs=("pretrain",), reads=("tokenizer",), files={"plot": "pretrain/loss_curves.png"}),
-        StageSpec("eval", "evaluation.stage:run", "perplexity, domain tasks and red flags for a model",
+        StageSpec("eval", "evaluation.stage:run", "bits per byte, domain tasks and red flags for a model",
                   dirs=("eval-pretrain", "eval-sft"), reads=("data", "qa", "tokenizer", "pretrain", "sft"),
                   files={"pretrain": "eval-pretrain/eval.json", "sft": "eval-sft/eval.json",
                          "plot": "eval-pretrain/plots/val_ppl.png"}),

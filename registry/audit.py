@@ -14,6 +14,7 @@ from __future__ import annotations
 import getpass
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from forge import ForgeError
@@ -122,7 +123,7 @@ def format_history(log_events: list[dict[str, Any]]) -> str:
     return _table(events_rows) + "\n\n" + _table(periods_rows)
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
+def _table(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 

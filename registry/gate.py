@@ -69,14 +69,12 @@ class QualityRule(_Strict):
 
     @model_validator(mode="after")
     def _known(self) -> QualityRule:
-        bad = [m for m in self.above_chance if ITEM_FIELDS.get(m, ("",))[0] != "mc"]
-        bad += [f for f in self.beats_floors if f not in FLOORS]
-        bad += [m for m in self.beats_base if ITEM_FIELDS.get(m, ("",))[0] not in ("mc", "qa")]
-        if bad:
-            raise ValueError(
-                f"unknown {bad}: above_chance takes {[m for m, f in ITEM_FIELDS.items() if f[0] == 'mc']}, "
-                f"beats_floors {list(FLOORS)}, beats_base {[m for m, f in ITEM_FIELDS.items() if f[0] != 'text']}"
-            )
+        allowed = {"above_chance": [m for m, f in ITEM_FIELDS.items() if f[0] == "mc"], "beats_floors": list(FLOORS),
+                   "beats_base": [m for m, f in ITEM_FIELDS.items() if f[0] != "text"]}  # fmt: skip
+        problems = [f"{rule}: unknown {bad}, use {allowed[rule]}" for rule in allowed
+                    if (bad := [m for m in getattr(self, rule) if m not in allowed[rule]])]  # fmt: skip
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -99,6 +97,7 @@ class Policy(_Strict):
     format: str = FORMAT
     confidence: float = Field(0.95, gt=0.5, lt=1)
     bootstrap_resamples: int = Field(2000, ge=200)
+    min_items: int = Field(30, ge=1)  # fewer items (pairs, documents) than this fail a rule instead of deciding it
     quality: QualityRule = QualityRule()
     metrics: dict[str, MetricRule] = {}
     red_flags: RedFlagRule = RedFlagRule()
@@ -165,6 +164,8 @@ class Evidence:
     gguf_sha256: dict[str, str] = field(default_factory=dict)  # file name -> sha256 of the version's GGUF files
     lineage: dict[str, Any] | None = None  # the version's lineage.json (registry/register.py)
     base_eval: dict[str, Any] | None = None  # a fine-tune's: the eval.json of the model it was fine-tuned from
+    # stored file (reports/*, lineage.json) -> (its sha256 now, the sha256 registration recorded in the version's tags)
+    evidence_sha256: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     production_eval: dict[str, Any] | None = None  # the current @production version's eval.json
     production_version: str | None = None
 
@@ -189,6 +190,10 @@ def _num(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _metrics(report: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -226,11 +231,14 @@ def _integrity(policy: Policy, ev: Evidence) -> list[Check]:
         return [Check("evidence:eval_report", False, None, "present", "no eval.json stored with this version")]
     fmt = report.get("format")
     out.append(Check("evidence:eval_format", fmt == EVAL_FORMAT, fmt, EVAL_FORMAT, "eval.json format"))
+    changed = sorted(name for name, (now, then) in ev.evidence_sha256.items() if now is None or now != then)
+    out.append(Check("hash:evidence_files", not changed, len(changed), 0,
+                     "every report and lineage.json is what registration recorded" if not changed else
+                     f"changed or missing since registration: {', '.join(changed)}"))  # fmt: skip
     if ev.model_sha256 is None:
         out.append(Check("hash:model", False, None, "present", "no HF model directory stored with this version"))
     else:
-        art = report.get("artifact") if isinstance(report.get("artifact"), dict) else {}
-        claimed = art.get("sha256")
+        claimed = _dict(report.get("artifact")).get("sha256")
         ok = claimed == ev.model_sha256
         out.append(Check("hash:model", ok, _short(ev.model_sha256), _short(claimed),
                          "the stored model is the one eval.json evaluated" if ok else
@@ -335,16 +343,29 @@ def _items(report: dict[str, Any] | None, task: str) -> dict[str, Any]:
     return items if isinstance(items, dict) else {}
 
 
+class ItemsMissing(Exception):
+    """An eval report without the per-item scores a rule needs; the message says which and what to do."""
+
+
 def _scores(report: dict[str, Any] | None, metric: str, key: str | None = None) -> dict[str, tuple[float, float]]:
     """Item id -> (score, weight) of a metric in an eval report: (bits, bytes) per test document for bits_per_byte
-    (`key` picks a floor's bits instead), (score, 1) per item otherwise."""
+    (`key` picks a floor's bits instead), (score, 1) per item otherwise. ItemsMissing when the lists are absent or
+    of different lengths: a silent truncation would pair the wrong items."""
     task, field_name = ITEM_FIELDS[metric]
     items = _items(report, task)
-    ids, values = items.get("ids") or [], items.get(key or field_name) or []
-    weights = items.get("bytes") if task == "text" else None
-    weights = weights or [1.0] * len(ids)
-    rows = zip(ids, values, weights, strict=False)
-    return {i: (float(v), float(w)) for i, v, w in rows if _num(v) is not None and _num(w)}
+    ids, values = items.get("ids"), items.get(key or field_name)
+    weights = items.get("bytes") if task == "text" else [1.0] * len(ids or [])
+    if not ids or not isinstance(values, list) or not isinstance(weights, list):
+        fmt = (report or {}).get("format")
+        raise ItemsMissing(
+            f"eval.json ({fmt}) has no per-item {key or field_name} of {task} items: re-run "
+            "`forge eval` with this Forge (and eval.random_baseline on an HF model for its floor)"
+        )
+    if not len(ids) == len(values) == len(weights):
+        raise ItemsMissing(
+            f"eval.json's {task} items have {len(ids)} ids but {len(values)} scores: re-run `forge eval`"
+        )
+    return {i: (float(v), float(w)) for i, v, w in zip(ids, values, weights, strict=True) if _num(v) is not None}
 
 
 def _better_by(
@@ -362,54 +383,82 @@ def _better_by(
     return paired_bootstrap(a, b, policy.confidence, policy.bootstrap_resamples, weights=weights)
 
 
-def _interval_check(name: str, iv: Interval | None, need: str, limit: float, detail: str) -> Check:
-    """need "better": the interval's lower end above `limit`; "not worse": its upper end at or above -limit."""
+def _interval_check(name: str, iv: Interval | None, need: str, limit: float, detail: str, policy: Policy) -> Check:
+    """need "better": the interval's lower end above `limit`; "not worse": its upper end at or above -limit. Fewer
+    than policy.min_items shared items fail: an interval over a handful of items decides nothing."""
     if iv is None:
         return Check(name, False, None, None, "no items in common to compare")
     ok = iv.low > limit if need == "better" else iv.high >= -limit
-    shown = f"low > {limit:g}" if need == "better" else f"high >= {-limit:g}"
-    return Check(name, ok, iv.estimate, shown, f"{detail} (n={iv.n}; positive: the candidate is better)",
-                 [iv.low, iv.high], iv.n)  # fmt: skip
+    shown = f"low > {limit:g}" if need == "better" else f"high >= {-limit if limit else 0:g}"
+    detail = f"{detail} (positive: the candidate is better)"
+    if iv.n < policy.min_items:
+        ok, detail = False, f"only {iv.n} items to compare, fewer than min_items ({policy.min_items}); {detail}"
+    return Check(name, ok, iv.estimate, shown, detail, [iv.low, iv.high], iv.n)
 
 
 def _quality_checks(policy: Policy, ev: Evidence) -> list[Check]:
     q = policy.quality
-    out = [_above_chance(ev.eval_report, m, policy.confidence) for m in q.above_chance]
+    out = [_above_chance(ev.eval_report, m, policy) for m in q.above_chance]
     for floor in q.beats_floors:  # per test document: the model's bits and the floor's, over the same bytes
         name = f"quality:bits_per_byte<{floor}"
-        mine = _scores(ev.eval_report, "bits_per_byte")
-        theirs = _scores(ev.eval_report, "bits_per_byte", f"bits_{floor}")
-        if not mine or not theirs:
-            out.append(Check(name, False, None, None, f"no per-document bits of the model and its {floor} floor"))
+        try:
+            mine = _scores(ev.eval_report, "bits_per_byte")
+            theirs = _scores(ev.eval_report, "bits_per_byte", f"bits_{floor}")
+        except ItemsMissing as exc:
+            out.append(Check(name, False, None, None, str(exc)))
             continue
         iv = _better_by(mine, theirs, "bits_per_byte", policy)
         floor_bpb = sum(b for b, _ in theirs.values()) / sum(n for _, n in theirs.values())
         detail = f"bits per byte below the {floor.replace('_', '-')} floor's ({floor_bpb:.4g}) on the test documents"
-        out.append(_interval_check(name, iv, "better", 0.0, detail))
+        out.append(_interval_check(name, iv, "better", 0.0, detail, policy))
     for metric in q.beats_base:
-        name = f"quality:{metric}>base"
-        if not _is_finetune(ev):
-            out.append(Check(name, True, None, None, "not a fine-tune: no base model to beat"))
-        elif ev.base_eval is None:
-            out.append(Check(name, False, None, None, "no eval of the base model stored (reports/eval-base.json): "
-                             "run `forge eval --target pretrain` before `forge register`"))  # fmt: skip
-        else:
-            iv = _better_by(_scores(ev.eval_report, metric), _scores(ev.base_eval, metric), metric, policy)
-            detail = "fine-tune minus the model it was fine-tuned from, on the same held-out pairs"
-            out.append(_interval_check(name, iv, "better", 0.0, detail))
+        out.append(_beats_base(ev, metric, policy))
     return out
 
 
-def _above_chance(report: dict[str, Any] | None, metric: str, confidence: float) -> Check:
+def _beats_base(ev: Evidence, metric: str, policy: Policy) -> Check:
+    """A fine-tune against the eval of the very model it was fine-tuned from (the sft stage's recorded base)."""
+    name = f"quality:{metric}>base"
+    if not _is_finetune(ev):
+        return Check(name, True, None, None, "not a fine-tune: no base model to beat")
+    if ev.base_eval is None:
+        return Check(name, False, None, None, "no eval of the base model stored (reports/eval-base.json): run "
+                     "`forge eval --target pretrain` before `forge register`")  # fmt: skip
+    base = ((((ev.lineage or {}).get("stages") or {}).get("sft") or {}).get("inputs") or {}).get("base")
+    evaluated = _dict(ev.base_eval.get("artifact")).get("sha256")
+    if base is None or evaluated != base:
+        return Check(name, False, _short(evaluated), _short(base), "the stored base eval measured another model "
+                     "than the one the fine-tune started from (lineage.json, sft inputs): re-run `forge eval "
+                     "--target pretrain`, then `forge register`")  # fmt: skip
+    try:
+        iv = _better_by(_scores(ev.eval_report, metric), _scores(ev.base_eval, metric), metric, policy)
+    except ItemsMissing as exc:
+        return Check(name, False, None, None, str(exc))
+    detail = "fine-tune minus the model it was fine-tuned from, on the same held-out pairs"
+    return _interval_check(name, iv, "better", 0.0, detail, policy)
+
+
+def _above_chance(report: dict[str, Any] | None, metric: str, policy: Policy) -> Check:
     name = f"quality:{metric}>chance"
     items = _items(report, "mc")
     chance = _num(items.get("chance"))
     hits = [bool(v) for v in items.get(ITEM_FIELDS[metric][1]) or []]
     if not hits or chance is None:
-        return Check(name, False, None, None, "no multiple-choice items in eval.json")
-    iv = wilson_interval(sum(hits), len(hits), confidence)
-    detail = f"{sum(hits)} of {len(hits)} right, {confidence:.0%} Wilson interval; chance is 1 in {round(1 / chance)}"
-    return Check(name, iv.low > chance, iv.estimate, f"low > {chance:.4g}", detail, [iv.low, iv.high], iv.n)
+        return Check(
+            name,
+            False,
+            None,
+            None,
+            "no multiple-choice items in eval.json: the held-out Q&A needs at "
+            "least eval.mc_choices distinct answers; see the qa stage's report, then re-run `forge eval`",
+        )
+    iv = wilson_interval(sum(hits), len(hits), policy.confidence)
+    ok = iv.low > chance and iv.n >= policy.min_items
+    detail = (f"{sum(hits)} of {len(hits)} right, {policy.confidence:.0%} Wilson interval; chance is 1 in "
+              f"{round(1 / chance)}")  # fmt: skip
+    if iv.n < policy.min_items:
+        detail = f"only {iv.n} items, fewer than min_items ({policy.min_items}); {detail}"
+    return Check(name, ok, iv.estimate, f"low > {chance:.4g}", detail, [iv.low, iv.high], iv.n)
 
 
 def _regression_checks(policy: Policy, ev: Evidence) -> list[Check]:
@@ -420,19 +469,28 @@ def _regression_checks(policy: Policy, ev: Evidence) -> list[Check]:
     prod = f"@production v{ev.production_version}"
     if ev.production_eval is None:
         return [Check("regression", False, None, None, f"{prod} has no eval.json to compare with")]
-    mine, theirs = (ev.eval_report or {}).get("data") or {}, ev.production_eval.get("data") or {}
+    mine_data, prod_data = (ev.eval_report or {}).get("data") or {}, ev.production_eval.get("data") or {}
     out = []
     for metric, rule in policy.regression.items():
         name = f"regression:{metric}"
         key, what = ("test_text_sha256", "test text") if metric == "bits_per_byte" else ("qa_sha256", "Q&A set")
-        if mine.get(key) != theirs.get(key):
-            out.append(Check(name, True, None, None, f"void: {prod} was measured on another {what} (sha256 "
-                             f"{_short(theirs.get(key))}, the candidate's {_short(mine.get(key))}): unlike numbers "
-                             "are not compared", void=True))  # fmt: skip
+        if mine_data.get(key) != prod_data.get(key):
+            theirs, mine = _short(prod_data.get(key)), _short(mine_data.get(key))
+            out.append(Check(name, True, None, None, f"void: {prod} was measured on another {what} (sha256 {theirs}, "
+                             f"the candidate's {mine}): unlike numbers are not compared", void=True))  # fmt: skip
             continue
-        iv = _better_by(_scores(ev.eval_report, metric), _scores(ev.production_eval, metric), metric, policy)
+        try:
+            production_scores = _scores(ev.production_eval, metric)
+        except ItemsMissing as exc:  # an eval from before per-item scores: nothing to pair with
+            out.append(Check(name, True, None, None, f"void: {prod}'s {exc}", void=True))
+            continue
+        try:
+            iv = _better_by(_scores(ev.eval_report, metric), production_scores, metric, policy)
+        except ItemsMissing as exc:
+            out.append(Check(name, False, None, None, str(exc)))
+            continue
         detail = f"candidate minus {prod}, tolerance {rule.tolerance:g}"
-        out.append(_interval_check(name, iv, "not worse", rule.tolerance, detail))
+        out.append(_interval_check(name, iv, "not worse", rule.tolerance, detail, policy))
     return out
 
 
@@ -443,7 +501,7 @@ def _quant_checks(policy: Policy, ev: Evidence) -> list[Check]:
         return []
     if ev.quantize_report is None:
         return [Check("evidence:quantize_report", False, None, "present", "no quantize.json stored with this version")]
-    artifacts = ev.quantize_report.get("artifacts") if isinstance(ev.quantize_report.get("artifacts"), dict) else {}
+    artifacts = _dict(ev.quantize_report.get("artifacts"))
     recorded = (ev.quantize_manifest or {}).get("outputs") or {}
     out = []
     model_in = ((ev.quantize_manifest or {}).get("inputs") or {}).get("model")

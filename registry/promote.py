@@ -24,7 +24,7 @@ from forge.io import atomic_write_json, read_json_object, utc_now
 from forge.paths import run_dir
 from forge.tracking import client_for
 from registry import gate
-from registry.audit import append_event
+from registry.audit import append_event, events, production_stack
 from registry.store import ALIAS, MAX_TAG, download_version, get_version, production, scratch, try_download
 
 
@@ -52,9 +52,15 @@ class GateRefused(ForgeError):
     """The gate refused a version; the message is the decision table."""
 
 
-def read_evidence(root: Path) -> gate.Evidence:
-    """The reports, the lineage and the sha256 of the artifacts of a downloaded version directory."""
+def read_evidence(root: Path, tags: dict[str, Any]) -> gate.Evidence:
+    """The reports, the lineage and the sha256 of the artifacts of a downloaded version directory; `tags`, the
+    version's, hold the sha256 registration recorded for each report and for lineage.json."""
     model = root / "model"
+    recorded = {f"reports/{k.removeprefix('forge.sha256.report.')}": v for k, v in tags.items()
+                if k.startswith("forge.sha256.report.")}  # fmt: skip
+    recorded["lineage.json"] = tags.get("forge.sha256.lineage")
+    files = {name: ((sha256_file(root / name) if (root / name).is_file() else None), digest)
+             for name, digest in recorded.items()}  # fmt: skip
     return gate.Evidence(
         eval_report=read_json_object(root / "reports" / "eval.json"),
         quantize_report=read_json_object(root / "reports" / "quantize.json"),
@@ -63,6 +69,7 @@ def read_evidence(root: Path) -> gate.Evidence:
         gguf_sha256={p.name: sha256_file(p) for p in sorted((root / "gguf").glob("*.gguf"))},
         lineage=read_json_object(root / "lineage.json"),
         base_eval=read_json_object(root / "reports" / "eval-base.json"),
+        evidence_sha256=files,
     )
 
 
@@ -78,14 +85,18 @@ def promote(cfg: ForgeConfig, name: str | None = None, version: str | int | None
     mv = get_version(client, name, version)
     prod = production(client, name)
     version_s, prod_v = str(mv.version), str(prod.version) if prod else None  # int in the sqlite store
+    # The regression baseline is what the audit log put in production, not whatever the alias says now: an alias
+    # moved by hand to a weak version must not make a weak candidate look fine.
+    stack = production_stack(events(cfg, name))
+    baseline = stack[-1] if stack else None
     with tempfile.TemporaryDirectory(prefix=".gate-", dir=scratch()) as tmp:
-        evidence = read_evidence(download_version(cfg, client, name, version_s, Path(tmp) / "candidate"))
-        if prod is not None:
-            evidence.production_version = prod_v
-            if prod_v == version_s:
+        evidence = read_evidence(download_version(cfg, client, name, version_s, Path(tmp) / "candidate"), mv.tags)
+        if baseline is not None:
+            evidence.production_version = baseline
+            if baseline == version_s:
                 evidence.production_eval = evidence.eval_report
             else:
-                got = try_download(cfg, client, name, prod_v, "reports/eval.json", Path(tmp) / "production")
+                got = try_download(cfg, client, name, baseline, "reports/eval.json", Path(tmp) / "production")
                 evidence.production_eval = read_json_object(got) if got else None
     checks = gate.evaluate(policy, evidence)
     decision = Decision(name, version_s, gate.passed(checks), checks, policy.sha256, prod_v)

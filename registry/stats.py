@@ -22,6 +22,8 @@ from statistics import NormalDist
 
 import numpy as np
 
+RESAMPLE_CHUNK = 100  # resamples drawn at once: 100 x n item indices in memory
+
 
 @dataclass(frozen=True)
 class Interval:
@@ -76,8 +78,11 @@ def paired_bootstrap(
         raise ValueError("paired_bootstrap: weights must be positive, one per item")
     diff = x - y
     estimate = float(diff.sum() / w.sum())
-    rows = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
-    stats = diff[rows].sum(axis=1) / w[rows].sum(axis=1)
+    rng = np.random.default_rng(seed)
+    stats = []
+    for start in range(0, resamples, RESAMPLE_CHUNK):  # in chunks: a test split of many documents stays small
+        rows = rng.integers(0, len(x), size=(min(RESAMPLE_CHUNK, resamples - start), len(x)))
+        stats.append(diff[rows].sum(axis=1) / w[rows].sum(axis=1))
     tail = (1 - confidence) / 2
-    low, high = np.quantile(stats, [tail, 1 - tail])
+    low, high = np.quantile(np.concatenate(stats), [tail, 1 - tail])
     return Interval(estimate, float(low), float(high), len(x), confidence)

@@ -323,6 +323,7 @@ def test_from_the_published_base_to_a_served_chat_answer(smollm2_gguf, tmp_path)
     import time
 
     import torch
+    import yaml
     from conftest import free_port
     from llama_cpp import Llama
     from openai import OpenAI
@@ -333,9 +334,17 @@ def test_from_the_published_base_to_a_served_chat_answer(smollm2_gguf, tmp_path)
     repo = Path(__file__).resolve().parent.parent
     runs, port = tmp_path / "runs", free_port()
     env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "FORGE_RUNS_DIR": str(runs)}
+    # The path, not the model: 8 LoRA steps do not make SmolLM2 answer the held-out questions better than its
+    # few-shot base (measured: Q&A F1 0.079 against 0.19, interval [-0.24, -0.008] over 24 pairs), and the shipped
+    # gate says so. Here the gate holds every rule but that one and takes 20 items as enough; the gate's quality
+    # rules themselves are tests/test_gate_cli.py's.
+    policy = yaml.safe_load((repo / "configs" / "policies" / "gate.yaml").read_text())
+    policy["quality"]["beats_base"], policy["min_items"] = [], 20
+    (tmp_path / "gate.yaml").write_text(yaml.safe_dump(policy))
     quick = {"model.init_from": smollm2_gguf, "train.max_steps": 4, "train.checkpoint_every": 4,
              "train.eval_every": 4, "train.eval_batches": 2, "sft.max_steps": 8, "quantize.max_eval_tokens": 4000,
-             "serve.port": port, "serve.ui_port": free_port()}  # fmt: skip
+             "serve.port": port, "serve.ui_port": free_port(),
+             "registry.gate_policy": tmp_path / "gate.yaml"}  # fmt: skip
     sets = [arg for key, value in quick.items() for arg in ("--set", f"{key}={value}")]
     forge = str(Path(sys.executable).with_name("forge"))
     cmd = [forge, "pipeline", "--config", "configs/base-smollm2.yaml", *sets]

@@ -15,7 +15,7 @@ from forge import ForgeError
 from registry import gate
 from registry.stats import paired_bootstrap, wilson_interval
 
-MODEL_SHA = "a" * 64
+MODEL_SHA, BASE_SHA = "a" * 64, "b" * 64
 LINEAGE = {"target": "pretrain", "evidence": {"test_text_sha256": TEST_TEXT_SHA, "qa_sha256": QA_SHA}}
 
 
@@ -32,8 +32,8 @@ def evidence(**overrides) -> gate.Evidence:
 
 
 def finetune(sft_f1: float, base_f1: float, **overrides) -> gate.Evidence:
-    ev = evidence(eval_report=eval_report(MODEL_SHA, qa_f1=sft_f1), base_eval=eval_report("b" * 64, qa_f1=base_f1))
-    ev.lineage["target"] = "sft"
+    ev = evidence(eval_report=eval_report(MODEL_SHA, qa_f1=sft_f1), base_eval=eval_report(BASE_SHA, qa_f1=base_f1))
+    ev.lineage |= {"target": "sft", "stages": {"sft": {"inputs": {"base": BASE_SHA}}}}
     for key, value in overrides.items():
         setattr(ev, key, value)
     return ev
@@ -109,7 +109,7 @@ def test_bad_policy_is_refused_with_the_field(tmp_path):
     with pytest.raises(ForgeError) as err:
         gate.load_policy(path)
     message = str(err.value)
-    assert "metrics.perplexity.maxx" in message and "quality: unknown ['qa_f1']" in message
+    assert "metrics.perplexity.maxx" in message and "quality: above_chance: unknown ['qa_f1'], use [" in message
     assert "regression: ['perplexity'] cannot be compared item by item" in message
     path.write_text("format: forge-gate/1\nmetrics: {mc_acc: {min: 0.0}}\n")
     with pytest.raises(ForgeError, match="this Forge reads 'forge-gate/2'"):
@@ -163,8 +163,11 @@ def test_evidence_must_be_about_the_versions_own_data(policy):
     assert "measured another test text (sha256 eeeeeeeeeeee) than this run's (sha256 666666666666)" in row.detail
     other_domain = eval_report(MODEL_SHA, data={"qa_sha256": "f" * 64})
     assert failing(policy, evidence(eval_report=other_domain)) == ["evidence:qa"]
-    base_elsewhere = finetune(0.6, 0.3, base_eval=eval_report("b" * 64, qa_f1=0.3, data={"qa_sha256": "f" * 64}))
+    base_elsewhere = finetune(0.6, 0.3, base_eval=eval_report(BASE_SHA, qa_f1=0.3, data={"qa_sha256": "f" * 64}))
     assert failing(policy, base_elsewhere) == ["evidence:base_qa"]
+    edited = evidence(evidence_sha256={"reports/eval.json": ("1" * 64, "1" * 64), "lineage.json": ("2" * 64, "3" * 64)})
+    assert failing(policy, edited) == ["hash:evidence_files"]  # lineage.json is not what registration stored
+    assert "lineage.json" in check(policy, edited, "hash:evidence_files").detail
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -193,6 +196,11 @@ def test_a_finetune_must_beat_its_base_on_the_same_pairs(policy):
     assert failing(policy, finetune(0.3, 0.3)) == ["quality:qa_f1>base"]  # no better
     row = check(policy, finetune(0.3, 0.4), "quality:qa_f1>base")
     assert not row.passed and row.value == pytest.approx(-0.1) and row.interval[1] < 0
+    # the stored base eval must be of the model the fine-tune started from, not of a weaker one
+    weak_base = finetune(0.6, 0.3, base_eval=eval_report("c" * 64, qa_f1=0.0))
+    assert failing(policy, weak_base) == ["quality:qa_f1>base"]
+    assert "measured another model than the one the fine-tune started from" in check(
+        policy, weak_base, "quality:qa_f1>base").detail  # fmt: skip
     missing = finetune(0.6, 0.3, base_eval=None)
     assert failing(policy, missing) == ["quality:qa_f1>base"]
     assert "run `forge eval --target pretrain`" in check(policy, missing, "quality:qa_f1>base").detail
@@ -226,6 +234,23 @@ def test_regression_against_production_is_paired_and_significant(policy):
     assert row.passed and row.void and row.result == "void" and "unlike numbers are not compared" in row.detail
     assert "regression:bits_per_byte" not in failing(policy, ev)
     assert failing(policy, evidence(production_eval=None, production_version="1")) == ["regression"]
+    # production's eval predates per-item scores: nothing to pair with, said so, not failed
+    old = copy.deepcopy(prod)
+    del old["items"]
+    row = check(policy, evidence(production_eval=old, production_version="1"), "regression:qa_f1")
+    assert row.void and "has no per-item f1 of qa items: re-run `forge eval`" in row.detail
+
+
+def test_too_few_items_decide_nothing(policy, tmp_path):
+    few = eval_report(MODEL_SHA, mc_acc=0.9)
+    for task in ("mc", "text"):
+        few["items"][task] = {k: v[:12] if isinstance(v, list) else v for k, v in few["items"][task].items()}
+    rows = {c.name: c for c in gate.evaluate(policy, evidence(eval_report=few))}
+    for name in ("quality:mc_acc_pmi>chance", "quality:bits_per_byte<unigram"):
+        assert not rows[name].passed and rows[name].n == 12 and "fewer than min_items (30)" in rows[name].detail
+    path = tmp_path / "gate.yaml"
+    path.write_text((REPO / "configs" / "policies" / "gate.yaml").read_text() + "min_items: 10\n")
+    assert failing(gate.load_policy(path), evidence(eval_report=few)) == []
 
 
 def test_drift_bounds_and_the_table(policy):
