@@ -24,7 +24,7 @@ from forge.paths import run_dir
 from forge.render import fmt
 from forge.stages import RUN_LAYOUT, stage_file
 
-DOMAIN_METRICS = ("perplexity", "qa_f1", "qa_exact_match", "mc_acc", "mc_acc_norm", "mc_acc_pmi")
+DOMAIN_METRICS = ("bits_per_byte", "qa_f1", "qa_exact_match", "mc_acc", "mc_acc_norm", "mc_acc_pmi")
 # The stages whose plots are copied next to the report, so the page is self-contained.
 PLOTTING_STAGES = ("data", "pretrain", "eval")
 
@@ -144,8 +144,9 @@ def tables(card: dict[str, Any]) -> list[render.Table]:
     flags = [[name, *(_flag(card["flags"][t].get(name)) for t in ("pretrain", "sft"))] for name in flag_names]
     quant = [[name, fmt(a.get("size_mb")), fmt(a.get("ppl")), f"{100 * (a.get('ppl_drift') or 0):+.3f} %",
               fmt(a.get("decode_tokens_per_s"))] for name, a in card["quantize"].items()]  # fmt: skip
-    gate_rows = [[c["name"], "pass" if c["passed"] else "FAIL", fmt(c.get("value")), fmt(c.get("limit")),
-                  c.get("detail", "")] for c in (gate or {}).get("checks", [])]  # fmt: skip
+    gate_rows = [[c["name"], c.get("result") or ("pass" if c["passed"] else "FAIL"), fmt(c.get("value")),
+                  f"[{fmt(c['interval'][0])}, {fmt(c['interval'][1])}]" if c.get("interval") else "-", fmt(c.get("n")),
+                  fmt(c.get("limit")), c.get("detail", "")] for c in (gate or {}).get("checks", [])]  # fmt: skip
     lineage = [[name, s.get("status") or "not run", (s.get("config_hash") or "")[:12],
                 ", ".join(f"{k} {v[:12]}" for k, v in (s.get("inputs") or {}).items()),
                 (s.get("git_commit") or "")[:10], fmt(s.get("duration_s"))]
@@ -159,7 +160,7 @@ def tables(card: dict[str, Any]) -> list[render.Table]:
         ("Evaluation before and after SFT", ["metric", "pretrained", "fine-tuned", "random init", "chance"], evals),
         ("Red flags", ["flag", "pretrained", "fine-tuned"], flags),
         ("Quantization", ["artifact", "size MB", "test perplexity", "drift vs HF", "decode tok/s"], quant),
-        ("Gate", ["check", "result", "value", "limit", "detail"], gate_rows),
+        ("Gate", ["check", "result", "value", "interval", "n", "limit", "detail"], gate_rows),
         ("Lineage", ["stage", "status", "config sha256", "input sha256", "git commit", "seconds"], lineage),
     ]
 
@@ -193,7 +194,7 @@ def _flag(flag: dict[str, Any] | None) -> str:
 
 def plot_eval(card: dict[str, Any], out: Path) -> bool:
     """Bars per domain metric: pretrained, fine-tuned, random init (and chance as a line)."""
-    rows = [n for n in DOMAIN_METRICS if n != "perplexity" and any(n in card["eval"][t] for t in ("pretrain", "sft"))]
+    rows = [n for n in DOMAIN_METRICS if n != "bits_per_byte" and any(n in card["eval"][t] for t in ("pretrain", "sft"))]
     if not rows:
         return False
     plt = render.pyplot()
