@@ -63,6 +63,11 @@ if [ ! -x "$house/llama-server" ]; then
     rm -rf "$house" && mv "$tmp/out" "$house" && rm -rf "$tmp"
     echo "llama-server: built in $(( $(date +%s) - start ))s into $house" >&2
 fi
+# Not the Sapphire Rapids variant (AVX512-FP16 and AMX): ggml picks it from CPUID alone, and a kernel or sandbox that
+# does not grant the AMX tile state (measured here: a Xeon whose CPUID lists amx_tile, under this machine's kernel)
+# then kills the server with SIGILL on its first matrix product. The Ice Lake / Zen 4 AVX-512 variants serve such a
+# host instead; removed from a cache built before this rule too.
+rm -f "$house"/libggml-cpu-sapphirerapids.so
 if [ $# -ge 1 ]; then
     mkdir -p "$1"
     rm -f "$1"/llama-server "$1"/lib*.so* "$1"/BUILD-INFO
