@@ -194,7 +194,8 @@ def _flag(flag: dict[str, Any] | None) -> str:
 
 def plot_eval(card: dict[str, Any], out: Path) -> bool:
     """Bars per domain metric: pretrained, fine-tuned, random init (and chance as a line)."""
-    rows = [n for n in DOMAIN_METRICS if n != "bits_per_byte" and any(n in card["eval"][t] for t in ("pretrain", "sft"))]
+    evaluated = {n for t in ("pretrain", "sft") for n in card["eval"][t]}
+    rows = [n for n in DOMAIN_METRICS if n != "bits_per_byte" and n in evaluated]
     if not rows:
         return False
     plt = render.pyplot()
