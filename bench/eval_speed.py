@@ -1,6 +1,7 @@
 """Multiple-choice scoring speed: the per-choice path (one forward pass per (prompt, choice), each from scratch)
-against the batched one `forge eval` uses (padded batches on HF, the prompt's KV cache reused on llama.cpp), on
-the same items in one run; prints both times, the ratio and the agreement of the scores.
+against the batched one `forge eval` uses (each prompt run once for all its choices: padded batches over a copy of
+the prompt's KV cache on HF, the prompt's KV cache reused on llama.cpp), on the same items in one run; prints both
+times, the ratio and the agreement of the scores.
 
     .venv/bin/python bench/eval_speed.py --config configs/tiny-cpu.yaml --target pretrain
     .venv/bin/python bench/eval_speed.py --config configs/tiny-cpu.yaml --target sft --items 200

@@ -4,6 +4,8 @@ eval.json (format "forge-eval/2"):
   artifact    {"path", "kind": "hf" | "gguf", "sha256"}: the evaluated model (sha256 of the file, or of the
               directory's sorted (path, sha256) list as in forge.lineage.sha256_tree)
   tokenizer   {"name", "vocab_size", "sha256"} of the evaluated model's tokenizer (the unit of its perplexity)
+  reference   {"path", "sha256", "tokenizer"} of the reference model (eval.reference, model.init_from's base for a
+              continued-pretraining run, the base of a fine-tune), or null
   data        what was measured: test_text_sha256 (sha256 of the test shards' "name sha256" listing, see
               evaluation/text.py), test_shards (each shard's sha256 as the data stage recorded it), test_documents,
               test_bytes, qa_sha256 (the held-out Q&A file's sha256), qa_source
@@ -24,9 +26,9 @@ eval.json (format "forge-eval/2"):
   samples     the seeded generations: {"prompt", "seed", "text"}
   items       per item, what the gate's intervals and paired comparisons are computed from (registry/gate.py):
               lists as long as their ids, mc {ids, correct, correct_norm, correct_pmi} and its chance (one number),
-              qa {ids, f1, exact_match}, text {ids, bytes, bits, bits_random_init, bits_unigram} (one entry per test
-              document). ids are sha256 prefixes of the question, answer and choices (of the document's text), so
-              two evaluations of the same items pair up
+              qa {ids, f1, exact_match}, text {ids, bytes, bits, bits_random_init, bits_unigram, bits_reference}
+              (one entry per test document). ids are sha256 prefixes of the question, answer and choices (of the
+              document's text), so two evaluations of the same items pair up
 """
 
 from __future__ import annotations
@@ -102,8 +104,9 @@ def build_eval(
         metric("perplexity_unigram", result["unigram"]["ppl"], False, "per_tokenizer", tokenizer=tokenizer),
     ]
     if reference is not None:
+        summary = {k: v for k, v in reference.items() if k != "documents"}
         metrics += [
-            metric("bits_per_byte_reference", reference["bits_per_byte"], False, "reference", details=reference),
+            metric("bits_per_byte_reference", reference["bits_per_byte"], False, "reference", details=summary),
             metric("perplexity_reference", reference["ppl"], False, "per_tokenizer", tokenizer=reference["tokenizer"]),
         ]
     for task in ("qa", "mc"):  # per question type ("qa_f1.describe"): group domain_by_type
@@ -132,6 +135,7 @@ def build_eval(
         "format": FORMAT,
         "artifact": {"path": target, "kind": artifact_kind, "sha256": sha256},
         "tokenizer": tokenizer,
+        "reference": None if reference is None else {k: reference[k] for k in ("path", "sha256", "tokenizer")},
         "data": data,
         "chat": result["chat"],
         "passed": not any(f["passed"] is False for f in flags),
@@ -139,18 +143,21 @@ def build_eval(
         "flags": [{**f, "artifact_sha256": sha256} for f in flags],
         "benchmarks": bench,
         "samples": [{k: s[k] for k in ("prompt", "seed", "text")} for s in result["samples"]],
-        "items": item_evidence(result, baseline, document_ids),
+        "items": item_evidence(result, baseline, reference, document_ids),
     }
 
 
-def item_evidence(result: dict[str, Any], baseline: dict[str, Any] | None, document_ids: list[str]) -> dict[str, Any]:
+def item_evidence(
+    result: dict[str, Any], baseline: dict[str, Any] | None, reference: dict[str, Any] | None, document_ids: list[str]
+) -> dict[str, Any]:
     """The per-item scores behind the headline metrics (see `items` above)."""
     mc, qa, docs = result["mc_predictions"], result["qa_predictions"], result["documents"]
     kept = docs["index"]
     text = {"ids": [document_ids[i] for i in kept], "bytes": docs["bytes"], "bits": docs["bits"],
             "bits_unigram": [result["unigram"]["document_bits"][i] for i in kept]}  # fmt: skip
-    if baseline is not None and baseline["documents"]["index"] == kept:
-        text["bits_random_init"] = baseline["documents"]["bits"]
+    for name, other in (("bits_random_init", baseline), ("bits_reference", reference)):
+        if other is not None and other["documents"]["index"] == kept:  # the same documents, each scored
+            text[name] = other["documents"]["bits"]
     return {
         "mc": {"ids": [r["id"] for r in mc], "chance": result["mc"]["mc_chance"],
                **{k: [int(r[k]) for r in mc] for k in ("correct", "correct_norm", "correct_pmi")}},

@@ -47,6 +47,7 @@ from forge.lineage import Stage, candidate_model, completed_manifest, read_manif
 from forge.paths import run_dir
 from models.access import Backend, HFBackend, is_chat_model, open_model
 from models.gguf import check_gguf
+from models.perplexity import TextScore
 
 log = logging.getLogger("forge.eval")
 RANDOM_SHARE = 0.25  # of the Q&A and multiple-choice items the model answers, the share its random-init twin does
@@ -208,7 +209,8 @@ def evaluate(
         log.info("eval: %s (%s, %s model), %d test documents (%d bytes), %d held-out Q&A", model, backend.kind,
                  "chat" if chat else "base", len(test.documents), test.bytes, len(records))  # fmt: skip
         window, stride = score_window(backend, ecfg.ppl_window, ecfg.ppl_stride)
-        result = measure(backend, cfg, test.documents, records, chat, window, stride, share=1.0)
+        questions = eval_items(cfg, records, chat)
+        result = measure(backend, cfg, test.documents, questions, chat, window, stride, share=1.0)
         result["chat"] = chat
         result["unigram"] = tasks.unigram_floor(backend, train.documents, test.documents)
         memorised = ecfg.memorisation_prefix + ecfg.memorisation_suffix
@@ -219,7 +221,7 @@ def evaluate(
         baseline = None
         if ecfg.random_baseline and isinstance(backend, HFBackend):
             random_backend = random_init_backend(backend, cfg.seed)
-            baseline = measure(random_backend, cfg, test.documents, records, chat, window, stride,
+            baseline = measure(random_backend, cfg, test.documents, questions, chat, window, stride,
                                share=RANDOM_SHARE, generations=False)  # fmt: skip
         vocab = backend.vocab_size
     finally:
@@ -230,8 +232,9 @@ def evaluate(
         ref_backend = open_model(reference)
         try:  # its own tokenizer and its own window (the same rule, cut to its context)
             ref_window, ref_stride = score_window(ref_backend, ecfg.ppl_window, ecfg.ppl_stride)
-            ref_text = ref_backend.score_text(test.documents, ref_window, ref_stride, "eval: reference bits per byte")
-            ref_text = ref_text.as_dict()
+            ref_score = ref_backend.score_text(test.documents, ref_window, ref_stride, "eval: reference bits per byte")
+            ref_text = ref_score.as_dict() | {"path": str(reference), "sha256": sha256_tree(reference),
+                                              "documents": per_document(ref_score)}  # fmt: skip
         finally:
             ref_backend.close()
 
@@ -280,28 +283,36 @@ def score_window(backend: Backend, window: int | None, stride: int | None) -> tu
     return size, min(stride or max(size // 2, 1), size)
 
 
+def eval_items(
+    cfg: ForgeConfig, records: list[dict[str, Any]], chat: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The Q&A pairs (with few-shot examples for a base model) and multiple-choice items of one evaluation, built
+    once: the model and its random-init twin score the same ones."""
+    ecfg = cfg.eval
+    if not chat and ecfg.base_fewshot:
+        records = tasks.with_fewshot(records, ecfg.base_fewshot, cfg.seed)
+    items = tasks.build_mc_items(records, ecfg.mc_choices, cfg.seed)
+    return tasks.select_qa(records, ecfg.qa_max_examples), tasks.select_qa(items, ecfg.mc_max_examples)
+
+
 def measure(
     backend: Backend,
     cfg: ForgeConfig,
     texts: list[str],
-    records: list[dict[str, Any]],
+    questions: tuple[list[dict[str, Any]], list[dict[str, Any]]],
     chat: bool,
     window: int,
     stride: int,
     share: float,
     generations: bool = True,
 ) -> dict[str, Any]:
-    """Bits per byte, QA and multiple choice (`share` of the selected items) and generations of one backend (the
-    model, or its random-init twin)."""
+    """Bits per byte, QA and multiple choice (`share` of `questions`, eval_items' pairs and items) and generations
+    of one backend (the model, or its random-init twin)."""
     ecfg = cfg.eval
     text = backend.score_text(texts, window, stride, "eval: bits per byte")
-    if not chat and ecfg.base_fewshot:
-        records = tasks.with_fewshot(records, ecfg.base_fewshot, cfg.seed)
-    chosen = tasks.select_qa(records, ecfg.qa_max_examples)
+    chosen, items = questions
     chosen = tasks.select_qa(chosen, max(1, math.ceil(share * len(chosen))))
     qa, qa_predictions = tasks.run_qa(backend, chosen, chat, ecfg.max_new_tokens)
-    items = tasks.build_mc_items(records, ecfg.mc_choices, cfg.seed)
-    items = tasks.select_qa(items, ecfg.mc_max_examples)
     items = tasks.select_qa(items, max(1, math.ceil(share * len(items))))
     mc, mc_predictions = tasks.run_mc(backend, items, chat)
     samples = []
@@ -313,12 +324,16 @@ def measure(
             doc_prompts = tasks.document_prompts(backend, texts, ecfg.generation_prompts, ecfg.prompt_tokens)
             prompts = [(backend.decode(p), p) for p in doc_prompts]
         samples = tasks.run_generations(backend, prompts, ecfg.max_new_tokens, ecfg.temperature, ecfg.top_k, cfg.seed)
-    documents = {"index": list(text.document_index), "bytes": list(text.document_bytes),
-                 "bits": [nll / math.log(2) for nll in text.document_nll]}  # fmt: skip
     return {
         "text": text.as_dict(), "qa": qa, "mc": mc, "samples": samples, "qa_predictions": qa_predictions,
-        "mc_items": items, "mc_predictions": mc_predictions, "documents": documents,
+        "mc_items": items, "mc_predictions": mc_predictions, "documents": per_document(text),
     }  # fmt: skip
+
+
+def per_document(score: TextScore) -> dict[str, list[Any]]:
+    """Each scored test document's index, bytes and bits: what the gate's paired comparisons read."""
+    return {"index": list(score.document_index), "bytes": list(score.document_bytes),
+            "bits": [nll / math.log(2) for nll in score.document_nll]}  # fmt: skip
 
 
 def random_init_backend(backend: HFBackend, seed: int) -> HFBackend:

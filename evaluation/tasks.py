@@ -194,10 +194,10 @@ def run_qa(
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy answers scored by token F1 and exact match; returns (metrics, one prediction per record)."""
     stops = stop_ids_for(backend)
+    prompts = [question_prompt(backend, record, chat) for record in records]
+    answers = backend.greedy_many(prompts, max_new_tokens, stops, None if chat else "\n\n", "eval: questions")
     predictions = []
-    for record in records:
-        prompt = question_prompt(backend, record, chat)
-        new = backend.generate(prompt, max_new_tokens, stop_ids=stops, stop_text=None if chat else "\n\n")
+    for record, new in zip(records, answers, strict=True):
         text = cut_answer(backend.decode([t for t in new if t not in stops]), chat)
         predictions.append({
             "id": item_id(record["question"], record["answer"]), "question": record["question"],
@@ -303,8 +303,8 @@ def mc_pairs(backend: Backend, items: list[dict[str, Any]], chat: bool) -> MCPai
 
 def run_mc(backend: Backend, items: list[dict[str, Any]], chat: bool) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Accuracy by summed, length-normalised and question-conditional (PMI) log-likelihood; returns (metrics, one
-    row per item). Every (prompt, choice) of every item is scored in one `continuation_logprobs` call (batched
-    forwards on the HF path; on llama.cpp each item's prompt is evaluated once for all its choices)."""
+    row per item). Every (prompt, choice) of every item is scored in one `continuation_logprobs` call: each
+    item's prompt is evaluated once for all its choices (batched on the HF path)."""
     pairs, keys = mc_pairs(backend, items, chat)
     logprobs = backend.continuation_logprobs(pairs, desc="eval: multiple choice")
     rows = []
@@ -387,9 +387,9 @@ def verbatim_rate(backend: Backend, documents: list[np.ndarray], prefix: int, su
     """Greedy continuation of each document's first `prefix` ids: the share reproducing the next `suffix` ids
     exactly, and the mean share of those ids matched before the first difference."""
     exact = matched = 0.0
-    for doc in documents:
+    continuations = backend.greedy_many([doc[:prefix].tolist() for doc in documents], suffix, desc="eval: memorisation")
+    for doc, new in zip(documents, continuations, strict=True):
         truth = doc[prefix : prefix + suffix].tolist()
-        new = backend.generate(doc[:prefix].tolist(), suffix)
         run = next((i for i, (a, b) in enumerate(zip(new, truth, strict=False)) if a != b), min(len(new), len(truth)))
         exact += float(new[: len(truth)] == truth)
         matched += run / len(truth)

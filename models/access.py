@@ -13,10 +13,11 @@ by llama.cpp. Evaluation, quantization and serving measure and run both through 
 Sampling is done here, from the logits, with a numpy generator seeded per call: the same seed gives the same
 sample on the same weights, whichever backend runs them. `temperature=0` is greedy.
 
-Scoring many sequences (`score_tails`: the summed log-probability of each sequence's last ids) is one padded
-forward per batch on the HF path (right-padded, with an attention mask; the longest sequences first so a batch
-wastes little padding) and one llama.cpp evaluation per sequence on the GGUF path, where each sequence reuses the
-KV cache of the ids it shares with the previous one (the prompt all choices of a question share is evaluated once).
+Scoring many sequences (`score_tails`: the summed log-probability of each sequence's last ids) evaluates the
+prompt all choices of a question share once, on both paths: on HF two padded forwards per batch (the distinct
+contexts, longest first, keeping their KV cache; then every continuation over a copy of its context's cache, the
+only positions that get logits), and on the GGUF path one llama.cpp evaluation per sequence that reuses the KV cache
+of the ids it shares with the previous one.
 HF models run in fp32, on CUDA when there is one (fp32 there too: the scores then agree with the CPU's to float
 rounding, which bf16's 8-bit mantissa would not).
 """
@@ -47,7 +48,8 @@ from models.perplexity import (
 )
 
 QUANTIZATIONS = ("none", "int8", "nf4")  # bitsandbytes at load time (HF directories only)
-BATCH_TOKENS = 16_384  # ids in one padded forward of the HF path
+BATCH_TOKENS = 16_384  # context ids (per continuation row: their cache is copied to each) in one HF forward
+GENERATE_ROWS = 64  # prompts decoded together by HFBackend.greedy_many
 BATCH_LOGITS = 1 << 26  # logits in one padded forward (256 MiB in fp32): bounds memory for a large vocabulary
 
 
@@ -120,14 +122,16 @@ class Backend:
         """The chat template applied to `messages`, with the assistant generation prompt appended."""
         if not self.chat_template:
             raise ForgeError(f"{self.path} has no chat template")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        if getattr(self, "_template_source", None) != self.chat_template:  # compiled once: a few ms each time
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message: str) -> None:
-            raise ForgeError(f"chat template of {self.path}: {message}")
+            def raise_exception(message: str) -> None:
+                raise ForgeError(f"chat template of {self.path}: {message}")
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(messages=messages, add_generation_prompt=True)
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            self._template, self._template_source = env.from_string(self.chat_template), self.chat_template
+        return self._template.render(messages=messages, add_generation_prompt=True)
 
     def score_tails(self, requests: Sequence[tuple[Sequence[int], int]], desc: str = "scoring") -> list[float]:
         """For each (ids, n): the summed log-probability of the last n ids given the ids before them. One
@@ -205,11 +209,29 @@ class Backend:
         while True:
             token = sample_token(logits, temperature, top_k, rng)
             out.append(token)
-            if token in stop_ids or len(out) >= max_new_tokens:
-                return out
-            if stop_text and stop_text in self.decode(out).lstrip():
+            if self._stopped(out, max_new_tokens, stop_ids, stop_text):
                 return out
             logits = self._step(token)
+
+    def _stopped(
+        self, out: list[int], max_new_tokens: int, stop_ids: set[int] | frozenset[int], stop_text: str | None
+    ) -> bool:
+        """After a stop id (kept), at max_new_tokens, or once the new text holds `stop_text` after other text."""
+        if out[-1] in stop_ids or len(out) >= max_new_tokens:
+            return True
+        return bool(stop_text and stop_text in self.decode(out).lstrip())
+
+    def greedy_many(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        stop_ids: set[int] | frozenset[int] = frozenset(),
+        stop_text: str | None = None,
+        desc: str = "generating",
+    ) -> list[list[int]]:
+        """`generate`'s greedy answer to each prompt. One at a time here; HFBackend decodes many prompts together."""
+        return [self.generate(p, max_new_tokens, stop_ids=stop_ids, stop_text=stop_text)
+                for p in progress(prompts, desc=desc, unit="prompt")]  # fmt: skip
 
     def timed_greedy(self, prompt: Sequence[int], new_tokens: int) -> TimedGreedy:
         """Exactly `new_tokens` greedy ids after `prompt` (no stop ids), timing the prompt pass and the decode."""
@@ -326,32 +348,153 @@ class HFBackend(Backend):
         return tokenizer_label(f"{type(self.tokenizer).__name__}:{self.path.name}", tokens)
 
     def score_tails(self, requests: Sequence[tuple[Sequence[int], int]], desc: str = "scoring") -> list[float]:
-        """Batched: the longest sequences first, right-padded into forwards of BATCH_TOKENS ids and BATCH_LOGITS
-        logits at most; padding is masked out and never scored."""
-        import torch
-
-        order = sorted(range(len(requests)), key=lambda i: len(requests[i][0]), reverse=True)
+        """Batched, and each context run once for all the continuations that share it (a question's choices): the
+        contexts, right-padded, in one forward that keeps their KV cache; then every continuation in a second forward
+        over its context's cache. Only continuations get logits. Padding is masked out and never scored."""
+        by_context: dict[tuple[int, ...], list[int]] = {}
+        for i, (ids, n) in enumerate(requests):
+            by_context.setdefault(tuple(ids[: len(ids) - n]), []).append(i)
         out = [0.0] * len(requests)
         with progress(total=len(requests), desc=desc, unit="seq") as bar:
+            for batch in self._batches(list(by_context.items()), requests):
+                indices = [i for _, members in batch for i in members]
+                for i, value in zip(indices, self._score_shared(requests, batch), strict=True):
+                    out[i] = value
+                bar.update(len(indices))
+        return out
+
+    def _batches(
+        self, groups: list[tuple[tuple[int, ...], list[int]]], requests: Sequence[tuple[Sequence[int], int]]
+    ) -> list[list[tuple[tuple[int, ...], list[int]]]]:
+        """(context, request indices) groups in batches of at most BATCH_TOKENS ids per forward (a context counted
+        once per continuation: each gets a copy of its cache) and BATCH_LOGITS logits. The continuations' forward
+        (the one with logits) pads to its longest, and answers range from one id to a paragraph: a group's
+        continuations are split, longest first, where running its context again costs fewer ids than the padding it
+        saves (the question-free prompt every item shares has hundreds), and batches take the longest first.
+        Contexts of one id (nothing before their last id to cache) are batched apart."""
+
+        def tail(i: int) -> int:
+            return requests[i][1]
+
+        def fits(rows: int, context: int, longest_tail: int) -> bool:
+            return (
+                rows * max(context, longest_tail) <= BATCH_TOKENS
+                and rows * longest_tail * self.vocab_size <= BATCH_LOGITS
+            )
+
+        units: list[tuple[tuple[int, ...], list[int]]] = []
+        for context, members in groups:
+            members = sorted(members, key=tail, reverse=True)
+            chunk = [members[0]]
+            for k, i in enumerate(members[1:], start=1):
+                padding_saved = (tail(chunk[0]) - tail(i)) * (len(members) - k)
+                if not fits(len(chunk) + 1, len(context), tail(chunk[0])) or len(context) < padding_saved:
+                    units.append((context, chunk))
+                    chunk = []
+                chunk.append(i)
+            units.append((context, chunk))
+        batches: list[list[tuple[tuple[int, ...], list[int]]]] = []
+        for one_id in (False, True):
+            kind = sorted((u for u in units if (len(u[0]) == 1) == one_id), key=lambda u: (tail(u[1][0]), len(u[0])))
+            batch: list[tuple[tuple[int, ...], list[int]]] = []
+            rows = longest = 0
+            for context, chunk in reversed(kind):  # longest continuation first
+                if batch and not fits(rows + len(chunk), max(longest, len(context)), tail(batch[0][1][0])):
+                    batches.append(batch)
+                    batch, rows, longest = [], 0, 0
+                batch.append((context, chunk))
+                rows, longest = rows + len(chunk), max(longest, len(context))
+            if batch:
+                batches.append(batch)
+        return batches
+
+    def _score_shared(
+        self, requests: Sequence[tuple[Sequence[int], int]], batch: list[tuple[tuple[int, ...], list[int]]]
+    ) -> list[float]:
+        """The continuations of `batch` ((context, request indices) groups), in group order: the contexts but their
+        last id in one forward (cached), then each continuation after its context's last id over that cache."""
+        import torch
+
+        def padded(seqs: Sequence[Sequence[int]]) -> tuple[Any, Any]:
+            ids = torch.zeros((len(seqs), max(1, max(len(q) for q in seqs))), dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, seq in enumerate(seqs):
+                ids[row, : len(seq)], mask[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long), 1
+            return ids.to(self.device), mask.to(self.device)
+
+        group_of_row = [g for g, (_, members) in enumerate(batch) for _ in members]
+        tails = [list(requests[i][0][len(requests[i][0]) - requests[i][1] :]) for _, m in batch for i in m]
+        # each row reads its context's last id, then its continuation but the last id: the logits predict the tail
+        inputs, tail_mask = padded([[batch[g][0][-1], *t[:-1]] for g, t in zip(group_of_row, tails, strict=True)])
+        targets, _ = padded(tails)
+        where = torch.as_tensor(group_of_row, device=self.device)
+        context_lengths = torch.as_tensor([len(c) - 1 for c, _ in batch], device=self.device)[where]
+        positions = context_lengths[:, None] + torch.arange(inputs.shape[1], device=self.device)[None, :]
+        kwargs: dict[str, Any] = {}
+        with torch.inference_mode():
+            if int(context_lengths.max()) > 0:  # contexts of one id have nothing before their last id to cache
+                context_ids, context_mask = padded([c[:-1] for c, _ in batch])
+                cached = self.model(input_ids=context_ids, attention_mask=context_mask, use_cache=True,
+                                    logits_to_keep=1)  # fmt: skip
+                cache = getattr(cached, self._cache_arg)
+                cache.batch_select_indices(where)  # one copy of its context's cache per continuation
+                kwargs = {self._cache_arg: cache}
+                tail_mask = torch.cat([context_mask[where], tail_mask], dim=1)
+            logits = self.model(input_ids=inputs, attention_mask=tail_mask, position_ids=positions, use_cache=True,
+                                **kwargs).logits.float()  # fmt: skip
+            logp = logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)
+        logp = logp.cpu().double().numpy()
+        return [float(logp[row, : len(t)].sum()) for row, t in enumerate(tails)]
+
+    def greedy_many(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        stop_ids: set[int] | frozenset[int] = frozenset(),
+        stop_text: str | None = None,
+        desc: str = "generating",
+    ) -> list[list[int]]:
+        """Batched greedy decoding, the same answers as `generate` one prompt at a time: prompts of similar length
+        left-padded together (positions counted from each prompt's first id), one forward per step for the batch,
+        until every row has stopped (a stop id, max_new_tokens, or `stop_text` in its new text)."""
+        import torch
+
+        max_new_tokens = max(1, min(max_new_tokens, self.context - 1))
+        fitted = [list(p)[-(self.context - max_new_tokens) :] or [self.eos_id or 0] for p in prompts]
+        order = sorted(range(len(fitted)), key=lambda i: len(fitted[i]), reverse=True)
+        out: list[list[int]] = [[] for _ in fitted]
+        with progress(total=len(fitted), desc=desc, unit="prompt") as bar:
             start = 0
             while start < len(order):
-                longest = len(requests[order[start]][0])
-                rows = max(1, min(BATCH_TOKENS // longest, BATCH_LOGITS // (longest * self.vocab_size)))
+                rows = max(1, min(GENERATE_ROWS, BATCH_TOKENS // (len(fitted[order[start]]) + max_new_tokens)))
                 batch = order[start : start + rows]
                 start += len(batch)
-                ids = torch.zeros((len(batch), longest), dtype=torch.long)
+                width = len(fitted[batch[0]])
+                ids = torch.zeros((len(batch), width), dtype=torch.long)
                 mask = torch.zeros_like(ids)
                 for row, i in enumerate(batch):
-                    seq = torch.as_tensor(list(requests[i][0]), dtype=torch.long)
-                    ids[row, : len(seq)], mask[row, : len(seq)] = seq, 1
+                    ids[row, width - len(fitted[i]) :], mask[row, width - len(fitted[i]) :] = (
+                        torch.as_tensor(fitted[i]),
+                        1,
+                    )
                 ids, mask = ids.to(self.device), mask.to(self.device)
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)
+                done = [False] * len(batch)
+                kwargs: dict[str, Any] = {}
                 with torch.inference_mode():
-                    logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()
-                    logp = logits.gather(-1, ids[:, 1:, None])[..., 0] - torch.logsumexp(logits, dim=-1)
-                logp = logp.cpu().double().numpy()
-                for row, i in enumerate(batch):
-                    length, n = len(requests[i][0]), requests[i][1]
-                    out[i] = float(logp[row, length - 1 - n : length - 1].sum())
+                    for _ in range(max_new_tokens):
+                        result = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                                            logits_to_keep=1, **kwargs)  # fmt: skip
+                        kwargs = {self._cache_arg: getattr(result, self._cache_arg)}
+                        ids = result.logits[:, -1].float().argmax(-1, keepdim=True)
+                        for row, i in enumerate(batch):
+                            if not done[row]:
+                                out[i].append(int(ids[row, 0]))
+                                done[row] = self._stopped(out[i], max_new_tokens, stop_ids, stop_text)
+                        if all(done):
+                            break
+                        mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
+                        positions = positions[:, -1:] + 1
                 bar.update(len(batch))
         return out
 

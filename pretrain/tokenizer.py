@@ -305,10 +305,11 @@ def check_roundtrip(tokenizer: Tokenizer, shards: list[Path], shards_dir: Path, 
 
 def compression_report(
     tokenizer: Tokenizer, stats: dict[str, SplitStats], tcfg: TokenizerConfig, split: str = "val",
-    unk_token: str | None = "",
+    unk_token: str | None = "", from_base: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Compression of `split` (tokens per word, chars per token, vocabulary use, top tokens, unknown bytes).
-    `unk_token`: the unknown token ("": the config's, None: the tokenizer has none)."""
+    `unk_token`: the unknown token ("": the config's, None: the tokenizer has none); `from_base`: the tokenizer is
+    model.init_from's, which cannot be retrained here (the warning's advice differs)."""
     s, train = stats[split], stats["train"]
     vocab = tokenizer.get_vocab_size()
     unk_id = (
@@ -351,11 +352,14 @@ def compression_report(
     if s.words == 0:
         report["warnings"].append(f"the {split} split has no words: compression was not measured; check forge data")
     elif report["tokens_per_word"] > tcfg.max_tokens_per_word:
+        fix = ("the base model's tokenizer was trained on other text: each window holds fewer words and training "
+               "sees fewer per step; a base whose vocabulary fits this domain (model.init_from) splits it better"
+               if from_base else "use a larger vocabulary (tokenizer.vocab_size, usually 32k-50k, 48k for "
+               "acronym-heavy technical text) or a training corpus more representative of the text the model will "
+               "see")  # fmt: skip
         report["warnings"].append(
             f"{split}: {report['tokens_per_word']:.3f} tokens per word > tokenizer.max_tokens_per_word="
-            f"{tcfg.max_tokens_per_word}: the tokenizer splits this domain's words poorly; use a larger vocabulary "
-            "(tokenizer.vocab_size, usually 32k-50k, 48k for acronym-heavy technical text) or a training "
-            "corpus more representative of the text the model will see"
+            f"{tcfg.max_tokens_per_word}: the tokenizer splits this domain's words poorly; {fix}"
         )
     return report
 
@@ -512,7 +516,7 @@ def _shards_and_report(
     log.info("tokenizer: encoded %s in %.1fs", ", ".join(f"{k} {v.tokens:,}" for k, v in stats.items()), encode_seconds)
     checked = check_roundtrip(tokenizer, shards["val"], stage.dir / "shards", "val")
 
-    report = compression_report(tokenizer, stats, tcfg, unk_token=unk_token)
+    report = compression_report(tokenizer, stats, tcfg, unk_token=unk_token, from_base="base" in extra)
     report["roundtrip_checked_documents"] = checked
     splits = {k: {"documents": v.documents, "doc_tokens": v.doc_tokens, "tokens": v.tokens} for k, v in stats.items()}
     budget = training_budget(stage.cfg, tokenizer.get_vocab_size(), stats["train"].tokens)

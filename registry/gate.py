@@ -17,6 +17,9 @@ Policy file (format "forge-gate/2"; see configs/policies/gate.yaml):
                                  the upper bound of a paired bootstrap over the test documents
                   beats_base     for a fine-tune: per-pair metrics (qa_f1) whose paired-bootstrap lower bound over
                                  the held-out pairs, fine-tune minus the model it was fine-tuned from, is above 0
+                  beats_init_from  for a run continued from a base (model.init_from): bits_per_byte of the continued
+                                 model below the base's own on the same test documents (paired bootstrap), read from
+                                 the eval of the continued model (a fine-tune's stored base eval)
   metrics       {metric: {min, max}}: plain thresholds on eval.json metrics (none shipped)
   red_flags     required (names that must be present), allow_not_run (flags whose passed=null is accepted);
                 every other flag must have passed: true
@@ -66,11 +69,13 @@ class QualityRule(_Strict):
     above_chance: list[str] = []
     beats_floors: list[str] = []
     beats_base: list[str] = []
+    beats_init_from: list[str] = []
 
     @model_validator(mode="after")
     def _known(self) -> QualityRule:
         allowed = {"above_chance": [m for m, f in ITEM_FIELDS.items() if f[0] == "mc"], "beats_floors": list(FLOORS),
-                   "beats_base": [m for m, f in ITEM_FIELDS.items() if f[0] != "text"]}  # fmt: skip
+                   "beats_base": [m for m, f in ITEM_FIELDS.items() if f[0] != "text"],
+                   "beats_init_from": [m for m, f in ITEM_FIELDS.items() if f[0] == "text"]}  # fmt: skip
         problems = [f"{rule}: unknown {bad}, use {allowed[rule]}" for rule in allowed
                     if (bad := [m for m in getattr(self, rule) if m not in allowed[rule]])]  # fmt: skip
         if problems:
@@ -399,21 +404,43 @@ def _interval_check(name: str, iv: Interval | None, need: str, limit: float, det
 def _quality_checks(policy: Policy, ev: Evidence) -> list[Check]:
     q = policy.quality
     out = [_above_chance(ev.eval_report, m, policy) for m in q.above_chance]
-    for floor in q.beats_floors:  # per test document: the model's bits and the floor's, over the same bytes
-        name = f"quality:bits_per_byte<{floor}"
-        try:
-            mine = _scores(ev.eval_report, "bits_per_byte")
-            theirs = _scores(ev.eval_report, "bits_per_byte", f"bits_{floor}")
-        except ItemsMissing as exc:
-            out.append(Check(name, False, None, None, str(exc)))
-            continue
-        iv = _better_by(mine, theirs, "bits_per_byte", policy)
-        floor_bpb = sum(b for b, _ in theirs.values()) / sum(n for _, n in theirs.values())
-        detail = f"bits per byte below the {floor.replace('_', '-')} floor's ({floor_bpb:.4g}) on the test documents"
-        out.append(_interval_check(name, iv, "better", 0.0, detail, policy))
+    for floor in q.beats_floors:
+        detail = f"bits per byte below the {floor.replace('_', '-')} floor's"
+        out.append(_below_in_report(f"quality:bits_per_byte<{floor}", ev.eval_report, floor, detail, policy))
     for metric in q.beats_base:
         out.append(_beats_base(ev, metric, policy))
+    if q.beats_init_from:
+        out.append(_beats_init_from(ev, policy))
     return out
+
+
+def _below_in_report(name: str, report: dict[str, Any] | None, other: str, detail: str, policy: Policy) -> Check:
+    """Per test document of one eval report: the model's bits against `bits_{other}` (a floor's, the reference
+    model's), over the same bytes; the upper end of the paired difference must be below 0."""
+    try:
+        mine = _scores(report, "bits_per_byte")
+        theirs = _scores(report, "bits_per_byte", f"bits_{other}")
+    except ItemsMissing as exc:
+        return Check(name, False, None, None, str(exc))
+    iv = _better_by(mine, theirs, "bits_per_byte", policy)
+    bpb = sum(b for b, _ in theirs.values()) / sum(n for _, n in theirs.values())
+    return _interval_check(name, iv, "better", 0.0, f"{detail} ({bpb:.4g}) on the test documents", policy)
+
+
+def _beats_init_from(ev: Evidence, policy: Policy) -> Check:
+    """A run continued from a base (model.init_from) must predict the domain's test text better than that base."""
+    name = "quality:bits_per_byte<init_from"
+    base = _dict((ev.lineage or {}).get("base"))
+    if not base:
+        return Check(name, True, None, None, "not continued from a base model (model.init_from unset)")
+    # the continued model is the candidate itself, or for a fine-tune the base it was fine-tuned from
+    report, which = (ev.base_eval, "the base model's eval") if _is_finetune(ev) else (ev.eval_report, "eval.json")
+    measured = _dict(_dict(report).get("reference")).get("sha256")
+    if measured is None or measured != base.get("sha256"):
+        return Check(name, False, _short(measured), _short(base.get("sha256")), f"{which} was not measured against "
+                     f"model.init_from's base ({base.get('path')}): re-run `forge eval --target pretrain` without "
+                     "eval.reference, then `forge register`")  # fmt: skip
+    return _below_in_report(name, report, "reference", f"bits per byte below its base {base.get('origin')}'s", policy)
 
 
 def _beats_base(ev: Evidence, metric: str, policy: Policy) -> Check:

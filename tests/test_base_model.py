@@ -130,9 +130,19 @@ def test_tokenizer_stage_records_the_base_tokenizer_and_pretrain_continues_the_b
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     docs = generated_docs(160, seed=3)
     write_data_stage(isolated_runs, "cont", {"train": docs[:120], "val": docs[120:145], "test": docs[145:]})
-    sets = [f"model.init_from={foreign_base}", "model.context_length=64", "run_name=cont", "train.max_steps=3",
-            "train.micro_batch_size=2", "train.grad_accum_steps=1", "train.eval_every=3", "train.eval_batches=1",
-            "train.checkpoint_every=3", "train.precision=fp32"]  # fmt: skip
+    sets = [
+        f"model.init_from={foreign_base}",
+        "model.context_length=64",
+        "run_name=cont",
+        "train.max_steps=3",
+        "train.micro_batch_size=2",
+        "train.grad_accum_steps=1",
+        "train.eval_every=3",
+        "train.eval_batches=1",
+        "train.checkpoint_every=3",
+        "train.precision=fp32",
+        "tokenizer.max_tokens_per_word=0.5",
+    ]  # fmt: skip  (every text needs more: the warning fires)
     manifest = tok_stage.run(load_config(None, sets))
     out = isolated_runs / "cont" / "tokenizer"
     base_tok = AutoTokenizer.from_pretrained(foreign_base)
@@ -143,6 +153,8 @@ def test_tokenizer_stage_records_the_base_tokenizer_and_pretrain_continues_the_b
     assert report["base"]["sha256"] == manifest["inputs"]["base"]  # the base's identity, hashed by content
     assert report["base"]["architecture"] == "llama" and set(report["tokenizer_files"]) >= {"tokenizer.json"}
     assert report["tokens_per_word"] > 0 and report["roundtrip_checked_documents"] == 25
+    [warning] = report["warnings"]  # advice for a vocabulary that cannot be retrained here, not tokenizer.vocab_size
+    assert "the base model's tokenizer was trained on other text" in warning and "vocab_size" not in warning
     meta = read_meta(out / "shards")
     assert meta["eos_id"] == 2 and meta["bos_id"] == 1 and "user_id" not in meta
     tokens, offsets = load_split(out / "shards", "val")

@@ -207,6 +207,28 @@ def test_a_finetune_must_beat_its_base_on_the_same_pairs(policy):
     assert check(policy, evidence(), "quality:qa_f1>base").detail == "not a fine-tune: no base model to beat"
 
 
+def test_a_continued_base_must_beat_the_base_it_started_from(policy):
+    init = {"path": "smollm2.gguf", "kind": "gguf", "sha256": "9" * 64, "origin": "SmolLM2-135M-Instruct"}
+    name = "quality:bits_per_byte<init_from"
+    assert check(policy, evidence(), name).detail == "not continued from a base model (model.init_from unset)"
+    learned = evidence(eval_report=eval_report(MODEL_SHA, ppl=2.0, reference=("9" * 64, 2.2)))
+    learned.lineage["base"] = init
+    row = check(policy, learned, name)
+    assert row.passed and row.value == pytest.approx(0.2, rel=1e-3) and row.n == ITEMS
+    assert "below its base SmolLM2-135M-Instruct's (2.201) on the test documents" in row.detail
+    forgot = evidence(eval_report=eval_report(MODEL_SHA, ppl=2.0, reference=("9" * 64, 1.9)), lineage=learned.lineage)
+    assert failing(policy, forgot) == [name]
+    no_reference = evidence(lineage=learned.lineage)  # evaluated without its base as the reference
+    assert failing(policy, no_reference) == [name]
+    assert "was not measured against model.init_from's base (smollm2.gguf)" in check(policy, no_reference, name).detail
+    # a fine-tune of the continued model: the rule reads the stored eval of the model it was fine-tuned from
+    tuned = finetune(0.6, 0.3, base_eval=eval_report(BASE_SHA, qa_f1=0.3, reference=("9" * 64, 2.2)))
+    tuned.lineage["base"] = init
+    assert failing(policy, tuned) == []
+    tuned.base_eval = eval_report(BASE_SHA, qa_f1=0.3, reference=("9" * 64, 1.5))
+    assert failing(policy, tuned) == [name]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # regression, red flags, quantization, the table
 

@@ -46,6 +46,27 @@ def test_hf_generation_with_the_kv_cache_equals_recomputing_every_step(llama):
     assert len(set(expected)) > 1  # not a constant output, which any bug would also produce
 
 
+def test_batched_greedy_answers_equal_one_prompt_at_a_time(llama, monkeypatch):
+    """Left-padded prompts of different lengths decoded together give exactly `generate`'s greedy ids, stop ids and
+    stop text included, across batches (GENERATE_ROWS shrunk to split them)."""
+    from models import access
+    from models.access import HFBackend
+
+    model = HFBackend(llama[0])
+    docs = [model.encode(d) for d in generated_docs(10, seed=4)]
+    prompts = [doc[: 3 + 5 * i] for i, doc in enumerate(docs)]
+    alone = [model.generate(p, 12) for p in prompts]
+    stop = {alone[3][4]}  # a stop id that ends some answers early (and is kept), others not
+    stopped = [model.generate(p, 12, stop_ids=stop) for p in prompts]
+    text_stop = model.decode(alone[5][2:4])
+    by_text = [model.generate(p, 12, stop_text=text_stop) for p in prompts]
+    monkeypatch.setattr(access, "GENERATE_ROWS", 4)
+    assert model.greedy_many(prompts, 12) == alone
+    assert model.greedy_many(prompts, 12, stop_ids=stop) == stopped and any(len(a) < 12 for a in stopped)
+    assert model.greedy_many(prompts, 12, stop_text=text_stop) == by_text and len(by_text[5]) < 12
+    assert len({tuple(a) for a in alone}) > 5  # the prompts lead to different answers
+
+
 def test_llama_cpp_without_all_logits_generates_what_it_does_with_them(llama):
     from models.access import GGUFBackend
 
@@ -96,9 +117,10 @@ def _choice_pairs(model, items: int, choices: int) -> list[tuple[list[int], list
     return [(docs[i][: 4 + 3 * i], docs[i + j + 1][: 2 + i % 5]) for i in range(items) for j in range(choices)]
 
 
-def test_batched_scores_equal_the_per_choice_scores(llama):
+def test_batched_scores_equal_the_per_choice_scores(llama, monkeypatch):
     """The padded, batched HF forward and llama.cpp's prompt-cache reuse score exactly what one sequence per
     forward does: same best choice on every item, log-likelihoods within 1e-4 (fp32)."""
+    from models import access
     from models.access import Backend, GGUFBackend, HFBackend
 
     hf = HFBackend(llama[0])
@@ -109,6 +131,8 @@ def test_batched_scores_equal_the_per_choice_scores(llama):
     assert np.abs(batched - per_choice).max() < 1e-4
     assert (batched.reshape(12, 4).argmax(1) == per_choice.reshape(12, 4).argmax(1)).all()
     assert len(set(per_choice.reshape(12, 4).argmax(1))) > 1  # not one answer everywhere
+    monkeypatch.setattr(access, "BATCH_LOGITS", hf.vocab_size * 40)  # a few rows of logits per forward
+    assert np.abs(np.array(hf.continuation_logprobs(pairs)) - per_choice).max() < 1e-4
 
     gguf = GGUFBackend(llama[1], n_threads=1)
     try:

@@ -166,6 +166,17 @@ def test_a_gpu_is_matched_to_its_profile_by_its_most_specific_device_name():
     assert gpu_profile("Some Future Accelerator") is None
 
 
+def test_the_cpu_peak_counts_the_vector_width_the_cpu_reports(tmp_path):
+    from pretrain.hardware import cpu_fp32_lanes
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx fma avx2 avx512f avx512bw\n")
+    assert cpu_fp32_lanes(cpuinfo) == 16
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx fma avx2 avx512_vnni_like\n")
+    assert cpu_fp32_lanes(cpuinfo) == 8  # a flag that only starts with "avx512" is not AVX-512F
+    assert cpu_fp32_lanes(tmp_path / "missing") == 8
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # the stage and the CLI
 

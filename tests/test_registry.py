@@ -64,10 +64,12 @@ def eval_report(
     mc_acc: float = 0.5,
     qa_f1: float = 0.5,
     data: dict[str, str] | None = None,
+    reference: tuple[str, float] | None = None,
 ) -> dict[str, Any]:
     """eval.json as evaluation/report.py builds it, with per-item evidence: ITEMS test documents of 100 bytes whose
     bits per byte average `ppl` (they vary by +-10% from document to document, the same way in every report), the
-    first `mc_acc` share of ITEMS multiple-choice items right, and Q&A pairs whose F1 averages `qa_f1`."""
+    first `mc_acc` share of ITEMS multiple-choice items right, Q&A pairs whose F1 averages `qa_f1`, and the
+    reference model (sha256, bits per byte) when given, scored on the same documents."""
     flags = [flag(n, n != failing_flag, f"{n} evidence") for n in ("repetition", "memorisation", "incoherence",
                                                                    "untrained")]  # fmt: skip
     flags += [flag("ppl_drift", None, "no reference model"), flag("val_rise", None, "no history")]
@@ -88,10 +90,14 @@ def eval_report(
                               "bits": [p * 100 * s for s in spread]},
                 "mc_predictions": mc, "qa_predictions": qa, "chat": False, "samples": []}  # fmt: skip
 
+    ref = None
+    if reference is not None:
+        ref_result = result(reference[1], 0.0, 0.0)
+        ref = ref_result["text"] | {"path": "base.gguf", "sha256": reference[0], "documents": ref_result["documents"]}
     return build_eval(
         target="runs/x/pretrain/model", artifact_kind="hf", sha256=sha, result=result(ppl, mc_acc, qa_f1),
         baseline=result(8.0, 0.25, 0.0), flags=flags, benchmarks=None,
-        memorisation={"train": {"exact": 0.0}, "test": {"exact": 0.0}}, reference=None,
+        memorisation={"train": {"exact": 0.0}, "test": {"exact": 0.0}}, reference=ref,
         data={"test_text_sha256": TEST_TEXT_SHA, "test_shards": {}, "test_documents": ITEMS, "test_bytes": 100 * ITEMS,
               "qa_sha256": QA_SHA, "qa_source": "qa_eval.jsonl", **(data or {})},
         document_ids=[f"doc{i}" for i in range(ITEMS)],
