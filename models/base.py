@@ -122,7 +122,10 @@ class Base:
     def identity(self) -> dict[str, Any]:
         """What the base is: path, kind, sha256 (of the file, or of the directory's files: lineage.sha256_tree)."""
         config = self.config()
-        origin = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None) or self.path.name
+        if self.is_gguf:  # transformers would name the GGUF's directory
+            origin = self.path.name
+        else:
+            origin = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None) or self.path.name
         return {"path": str(self.path), "kind": "gguf" if self.is_gguf else "hf", "sha256": sha256_tree(self.path),
                 "origin": str(origin), "architecture": config.model_type}  # fmt: skip
 
