@@ -41,12 +41,12 @@ from forge.config import ForgeConfig, TokenizerConfig
 from forge.hashing import sha256_file
 from forge.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from forge.lineage import Stage, require_completed, run_stage
+from pretrain.data.splits import SPLITS
 from pretrain.plan import TOKENS_PER_PARAM
 from pretrain.token_shards import SplitStats, iter_text_batches, load_split, write_shards
 
 log = logging.getLogger("forge.tokenizer")
 
-SPLITS = ("train", "val", "test")
 SPECIAL_NAMES = ("pad", "unk", "bos", "eos")  # what the first four `tokenizer.special_tokens` are, in order
 CHAT_ROLES = ("system", "user", "assistant")  # what the three `tokenizer.chat_roles` are, in order
 N_BYTES = 256  # the byte-level alphabet: every byte has a token, so no text is ever unknown
