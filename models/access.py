@@ -201,8 +201,7 @@ class Backend:
     ) -> list[int]:
         """New ids after `prompt` (cut from the left to leave room), stopping after a stop id (kept) or once the
         decoded new text contains `stop_text` after some other text."""
-        max_new_tokens = max(1, min(max_new_tokens, self.context - 1))
-        prompt = list(prompt)[-(self.context - max_new_tokens) :] or [self.eos_id or 0]
+        (prompt,), max_new_tokens = self._room([prompt], max_new_tokens)
         rng = np.random.default_rng(seed)
         out: list[int] = []
         logits = self._start(prompt)
@@ -212,6 +211,12 @@ class Backend:
             if self._stopped(out, max_new_tokens, stop_ids, stop_text):
                 return out
             logits = self._step(token)
+
+    def _room(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> tuple[list[list[int]], int]:
+        """(prompts, max_new_tokens) fitted to the context: at least one new id, each prompt cut from the left to
+        leave room for them (an empty prompt becomes the EOS id)."""
+        max_new_tokens = max(1, min(max_new_tokens, self.context - 1))
+        return [list(p)[-(self.context - max_new_tokens) :] or [self.eos_id or 0] for p in prompts], max_new_tokens
 
     def _stopped(
         self, out: list[int], max_new_tokens: int, stop_ids: set[int] | frozenset[int], stop_text: str | None
@@ -459,8 +464,7 @@ class HFBackend(Backend):
         until every row has stopped (a stop id, max_new_tokens, or `stop_text` in its new text)."""
         import torch
 
-        max_new_tokens = max(1, min(max_new_tokens, self.context - 1))
-        fitted = [list(p)[-(self.context - max_new_tokens) :] or [self.eos_id or 0] for p in prompts]
+        fitted, max_new_tokens = self._room(prompts, max_new_tokens)
         order = sorted(range(len(fitted)), key=lambda i: len(fitted[i]), reverse=True)
         out: list[list[int]] = [[] for _ in fitted]
         with progress(total=len(fitted), desc=desc, unit="prompt") as bar:
@@ -472,11 +476,9 @@ class HFBackend(Backend):
                 width = len(fitted[batch[0]])
                 ids = torch.zeros((len(batch), width), dtype=torch.long)
                 mask = torch.zeros_like(ids)
-                for row, i in enumerate(batch):
-                    ids[row, width - len(fitted[i]) :], mask[row, width - len(fitted[i]) :] = (
-                        torch.as_tensor(fitted[i]),
-                        1,
-                    )
+                for row, i in enumerate(batch):  # left-padded: every row's next id is in the last column
+                    ids[row, width - len(fitted[i]) :] = torch.as_tensor(fitted[i])
+                    mask[row, width - len(fitted[i]) :] = 1
                 ids, mask = ids.to(self.device), mask.to(self.device)
                 positions = (mask.cumsum(-1) - 1).clamp(min=0)
                 done = [False] * len(batch)
