@@ -12,7 +12,6 @@ last line printed, and the exit code is non-zero.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -70,19 +69,5 @@ def run(cfg: ForgeConfig, force: bool = False, serve: bool = True, echo: Callabl
             "finished stages are skipped and an interrupted pretrain resumes from its last checkpoint"
         )
     if serve:
-        serve_and_chat(cfg)
+        STAGES["serve"].load()(cfg, chat=True)
     return outcome
-
-
-def serve_and_chat(cfg: ForgeConfig) -> None:
-    """Start the production model's server, then the chat UI in front of it (its URL is the last line printed),
-    until Ctrl-C or SIGTERM; the server is stopped either way."""
-    info = STAGES["serve"].load()(cfg, block=False)
-    previous = signal.signal(signal.SIGTERM, STAGES["serve"].call("interrupt"))
-    try:
-        STAGES["chat"].load()(cfg, api_base=info["base_url"], model=info["alias"], block=True)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        info["server"].stop()
-        signal.signal(signal.SIGTERM, previous)

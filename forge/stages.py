@@ -85,8 +85,7 @@ STAGES: dict[str, StageSpec] = {
                   "move production back to the previous version that passed the gate",
                   calls={"rollback": "registry.audit:rollback"}),
         StageSpec("serve", "serve.stage:run",
-                  "serve the production model (llama.cpp on CPU, vLLM on GPU), OpenAI API",
-                  calls={"interrupt": "serve.stage:interrupt"}),
+                  "serve the production model (llama.cpp on CPU, vLLM on GPU), OpenAI API"),
         StageSpec("chat", "serve.stage:chat_run", "the Gradio chat UI in front of a served model"),
         StageSpec("bundle", "serve.stage:bundle_run", "a checksummed CPU deploy bundle of the production model"),
     ]

@@ -303,9 +303,10 @@ class Backend:
             self._log.close()
             self._log = None
 
-    def wait(self) -> int:
+    def poll(self) -> int | None:
+        """The exit code once the process has ended, None while it runs."""
         assert self.proc is not None
-        return self.proc.wait()
+        return self.proc.poll()
 
     def __enter__(self) -> Backend:
         return self.start() if self.proc is None else self

@@ -11,9 +11,12 @@ By default only `registry.serving.servable` chooses what is served, so a model t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,31 +146,56 @@ def run(
     gguf: Path | None = None,
     port: int | None = None,
     block: bool = True,
+    chat: bool = False,
 ) -> dict[str, Any]:
-    """`forge serve`: start the backend, wait for a real completion, serve until interrupted."""
+    """`forge serve`: start the backend, wait for a real completion, serve until SIGTERM or Ctrl-C; with `chat`, the
+    chat UI in front of it too (its URL is the last line printed). The server is stopped either way."""
     server, info = plan_server(cfg, bundle, backend, gguf, port)
     server.start()
     info["base_url"] = server.base_url
     atomic_write_json(_serving_path(cfg), info)  # what `forge chat` shows: name, version, alias, backend
-    print(f"serving {info['alias']} ({info['backend']}) at {server.base_url}  [Ctrl-C stops]", flush=True)
+    serving = f"serving {info['alias']} ({info['backend']}) at {server.base_url}  [Ctrl-C stops]"
     if not block:
+        print(serving, flush=True)
         info["server"] = server
         return info
-    previous = signal.signal(signal.SIGTERM, interrupt)  # `kill` and Ctrl-C both stop the server cleanly
     try:
-        code = server.wait()
-    except KeyboardInterrupt:
-        code = 0
+        with stop_requested() as stop:  # before the line that tells a caller the server is up
+            print(serving, flush=True)
+            ui = chat_run(cfg, api_base=server.base_url, model=info["alias"], block=False)["ui"] if chat else None
+            try:
+                code = serve_until(server, stop)
+            finally:
+                if ui is not None:
+                    ui.close()
     finally:
         server.stop()
-        signal.signal(signal.SIGTERM, previous)
     if code:
         raise ForgeError(f"the server exited with code {code}; see {_log_path(cfg)}")
     return info
 
 
-def interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+@contextlib.contextmanager
+def stop_requested() -> Iterator[threading.Event]:
+    """SIGTERM (`kill`) and Ctrl-C set the event instead of raising wherever the main thread happens to be (halfway
+    through starting the chat UI, say, which left a server thread keeping the process alive): what is starting
+    finishes, then the caller sees the event and stops everything in order."""
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda signum, frame: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def serve_until(server: Backend, stop: threading.Event) -> int | None:
+    """Wait for the stop signal or the server's own exit; its exit code if it exited, None when stopped."""
+    while not stop.wait(0.5):
+        code = server.poll()
+        if code is not None:
+            return code
+    return None
 
 
 def chat_run(

@@ -4,7 +4,8 @@ catalogue of tests/catalogue.py, which it learns well enough to pass the real ga
 - killed with SIGKILL during pretraining, then re-run: finished stages are skipped, pretrain resumes from its
   checkpoint, and the pipeline finishes through the gate;
 - every stage's manifest, the report card and the registry state (a version with the `production` alias);
-- a gate set impossibly high: the pipeline stops before serving and says why on its last line.
+- a gate set impossibly high: the pipeline stops before serving and says why on its last line;
+- served behind the chat UI, SIGTERM at any point of the UI's start stops both and exits 0.
 """
 
 from __future__ import annotations
@@ -175,3 +176,32 @@ def test_a_passed_gate_ends_with_the_promoted_model_served_behind_the_chat_ui(fi
     assert code == 0, "".join(lines[-30:])
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0])
+def test_sigterm_while_the_chat_ui_is_starting_stops_the_server_and_the_ui_cleanly(finished, tmp_path, delay):
+    """SIGTERM `delay` seconds after the server says it is up, while the chat UI is importing, binding or up: both
+    stop and the pipeline exits 0. Before stop_requested (serve/stage.py), a KeyboardInterrupt raised inside Gradio's
+    start left its server thread running and the process alive (measured here: at 1.5 s, 1 delay of 12)."""
+    import httpx
+    from conftest import free_port
+
+    runs = tmp_path / "runs"
+    shutil.copytree(finished[0], runs)
+    port, ui_port = free_port(), free_port()
+    cmd = [FORGE, "pipeline", "--config", CONFIG, "--set", f"serve.port={port}", "--set", f"serve.ui_port={ui_port}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env_for(runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("serving ") or "chat UI on" in line:
+            break
+    assert lines[-1].startswith("serving ") and proc.poll() is None, "".join(lines[-30:])
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, "".join(lines[-10:]) + rest[-3000:]
+    for url in (f"http://127.0.0.1:{port}/v1/models", f"http://127.0.0.1:{ui_port}"):
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url, timeout=5)

@@ -403,3 +403,21 @@ def _flip_one_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
+
+
+def test_a_stop_signal_is_held_until_the_caller_looks_then_the_handlers_are_restored():
+    """SIGTERM and Ctrl-C inside stop_requested set its event and raise nothing, so a signal during a start that
+    must finish (the chat UI's) cannot leave half of it running; outside it, the previous handlers are back."""
+    import os
+    import signal
+
+    from serve.stage import stop_requested
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with stop_requested() as stop:
+            assert not stop.is_set()
+            os.kill(os.getpid(), signum)
+            started = sum(range(100_000))  # work after the signal goes on
+            assert stop.wait(5) and started == 4_999_950_000
+        assert {s: signal.getsignal(s) for s in before} == before
