@@ -132,20 +132,28 @@ def test_a_refused_gate_stops_the_pipeline_before_serving_and_says_why(finished,
     assert str(client.get_model_version_by_alias(MODEL, "production").version) == before, "production did not move"
 
 
+def serve_a_copy(finished_runs: Path, runs: Path) -> tuple[subprocess.Popen, int, int]:
+    """`forge pipeline` on a copy of the finished runs: every stage is skipped, then it serves behind the chat UI.
+    Returns the process (text stdout, stderr merged) and the server's and the UI's ports."""
+    from conftest import free_port
+
+    shutil.copytree(finished_runs, runs)
+    port, ui_port = free_port(), free_port()
+    cmd = [FORGE, "pipeline", "--config", CONFIG, "--set", f"serve.port={port}", "--set", f"serve.ui_port={ui_port}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env_for(runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    return proc, port, ui_port
+
+
 def test_a_passed_gate_ends_with_the_promoted_model_served_behind_the_chat_ui(finished, tmp_path):
     """Without --no-serve: the server and the chat UI start on the production GGUF; SIGTERM stops both cleanly."""
     import threading
 
     import httpx
-    from conftest import free_port
     from openai import OpenAI
 
     runs = tmp_path / "runs"
-    shutil.copytree(finished[0], runs)
-    port, ui_port = free_port(), free_port()
-    cmd = [FORGE, "pipeline", "--config", CONFIG, "--set", f"serve.port={port}", "--set", f"serve.ui_port={ui_port}"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env_for(runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+    proc, port, ui_port = serve_a_copy(finished[0], runs)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     try:
@@ -184,14 +192,8 @@ def test_sigterm_while_the_chat_ui_is_starting_stops_the_server_and_the_ui_clean
     stop and the pipeline exits 0. Before stop_requested (serve/stage.py), a KeyboardInterrupt raised inside Gradio's
     start left its server thread running and the process alive (measured here: at 1.5 s, 1 delay of 12)."""
     import httpx
-    from conftest import free_port
 
-    runs = tmp_path / "runs"
-    shutil.copytree(finished[0], runs)
-    port, ui_port = free_port(), free_port()
-    cmd = [FORGE, "pipeline", "--config", CONFIG, "--set", f"serve.port={port}", "--set", f"serve.ui_port={ui_port}"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env_for(runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+    proc, port, ui_port = serve_a_copy(finished[0], tmp_path / "runs")
     lines: list[str] = []
     for line in proc.stdout:
         lines.append(line)
