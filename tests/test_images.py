@@ -492,6 +492,8 @@ def test_train_image_runs_the_pipeline_through_the_gate(tmp_path, catalogue):
     assert out.returncode == 0, log
     assert "decision: PASS" in pipeline and "report card:" in pipeline, log
     run = runs / SMOKE_RUN
+    # once (1 CI rehearsal of many) the container ran to PASS but its runs never reached the mount: say so, with its log
+    assert run.is_dir(), f"nothing reached the mounted {runs}: {sorted(p.name for p in runs.iterdir())}\n{log}"
     for stage in RUN_LAYOUT:
         manifest = json.loads((run / stage / "manifest.json").read_text())
         assert manifest["status"] == "complete", (stage, manifest["status"], manifest.get("error"))
