@@ -113,7 +113,8 @@ ENTRYPOINT ["forge"]
 CMD ["--help"]
 COPY pyproject.toml /tmp/pyproject.toml
 # The dependencies alone first (their layer survives code changes), then the code without them; the training image
-# carries the optional parts too (Ray Data for `forge data --executor ray`, lm-eval for benchmarks). TORCH_SPEC is
+# carries the optional parts too (Ray Data for `forge data --executor ray`, lm-eval for benchmarks, the Chinese and
+# Japanese word segmenters). TORCH_SPEC is
 # pinned (torch==2.13.0); hadolint cannot see through the variable.
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
@@ -121,7 +122,7 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     && export PIP_FIND_LINKS="/wheels ${PIP_FIND_LINKS:-}" \
     && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} "${TORCH_SPEC}" \
     && python3 -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['ray'] + p['optional-dependencies']['benchmarks']))" \
+print('\n'.join(p['dependencies'] + sum((p['optional-dependencies'][x] for x in ('ray', 'benchmarks', 'cjk')), [])))" \
         > /tmp/requirements.txt \
     && pip install "llama-cpp-python[server]==${LLAMA_CPP_VERSION}" -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt /tmp/pyproject.toml

@@ -161,8 +161,17 @@ class DataConfig(Section):
     # (estimated as words x 1.3 on the text as read, before any cleaning) if the ratio gives fewer, up to
     # max_eval_fraction of the corpus each: see pretrain/data/splits.py.
     split: dict[Literal["train", "val", "test"], float] = {"train": 0.98, "val": 0.01, "test": 0.01}
-    min_eval_tokens: int = Field(30_000, ge=0)
-    max_eval_fraction: float = Field(0.1, gt=0.0, lt=0.5)
+    # What the gate's evidence needs with room: its 30 items (registry min_items) of bits per byte at up to
+    # eval.text_item_tokens (512) each are ~15k tokens of test text; val's loss curve needs no more.
+    min_eval_tokens: int = Field(20_000, ge=0)
+    # A document of more estimated tokens than this is cut into sections (by its headings, else at paragraphs)
+    # before the split is assigned, so one long PDF or a manual of a few chapters still gives val and test their
+    # share; each section is a document from then on (pretrain/data/sections.py). 0: never cut.
+    max_section_tokens: int = Field(2048, ge=0)
+    # The evaluation's minimum is absolute (an interval over 30 items needs the text whatever the corpus), so a
+    # small corpus gives it a larger share: one 250-page manual (~150k estimated tokens as read) needs a fifth to
+    # a quarter of itself for val and test each once cleaning has taken its contents pages and untranslated parts.
+    max_eval_fraction: float = Field(0.25, gt=0.0, lt=0.5)
     html_extraction: bool = True
     html_extraction_favor: Literal["precision", "recall"] | None = None  # trafilatura's trade-off; None: profile
     boilerplate: bool = True

@@ -219,7 +219,7 @@ def test_a_large_corpus_keeps_its_ratios_exactly():
 
 def test_a_corpus_too_small_for_the_minimum_says_so():
     _, _, p = plan(50, 100)  # 5,000 tokens in all
-    assert p.assigned_tokens["val"] <= 500 and p.assigned_tokens["test"] <= 500  # max_eval_fraction=0.1 each
+    assert p.assigned_tokens["val"] <= 1250 and p.assigned_tokens["test"] <= 1250  # max_eval_fraction=0.25 each
     assert p.assigned_tokens["val"] > 0 and p.assigned_tokens["test"] > 0
     assert len(p.notes) == 2 and "the corpus holds only ~5,000 estimated tokens" in p.notes[0]
-    assert "data.min_eval_tokens=30,000" in p.notes[0] and "data.max_eval_fraction=0.1" in p.notes[0]
+    assert "data.min_eval_tokens=20,000" in p.notes[0] and "data.max_eval_fraction=0.25" in p.notes[0]

@@ -34,6 +34,7 @@ import numpy as np
 import xxhash
 
 from forge.config import DataConfig, QualityConfig
+from pretrain.data import words
 
 # Every way a document can be removed, in pipeline (and report) order.
 FILTERS = (
@@ -97,6 +98,16 @@ def visible_text(root: Any | None) -> str:
     for el in root.iter("script", "style", "noscript", "template"):
         el.text = None
     return " ".join(" ".join(root.itertext()).split())
+
+
+def sized_text(root: Any | None) -> str:
+    """What a page's size is estimated on (the split, the sections): its visible text less the text of its links,
+    which is how menus, tables of contents and indexes are made; a link inside prose loses a word or two."""
+    if root is None:
+        return ""
+    for link in list(root.iter("a")):
+        link.drop_tree()  # keeps its tail: the prose after the link
+    return visible_text(root)
 
 
 def extract_html(html: str | Any | None, favor: Literal["precision", "recall"] = "precision") -> str | Drop:
@@ -245,7 +256,8 @@ def remove_boilerplate(text: str, sketch: LineSketch | None, min_docs: int, min_
             kept.append(line)
             continue
         low = stripped.lower()
-        if is_recurring or any(p in low for p in POLICY_PHRASES) or len(stripped.split()) < min_line_words:
+        short = min_line_words and len(words.segment(stripped)) < min_line_words
+        if is_recurring or short or any(p in low for p in POLICY_PHRASES):
             continue
         kept.append(line)
     out = re.sub(r"\n{3,}", "\n\n", "\n".join(kept)).strip()
@@ -291,6 +303,9 @@ def parse_date(value: str) -> date | None:
 # prose: the running text of a document, without its code, listings, option lists and table scaffolding
 
 PROSE_MIN_WORDS = 4  # a line of fewer words is a heading, a label or a menu entry, not running text
+# Japanese is cut into shorter units (SudachiPy's mode A gives ~1.27 words per English word of the same manual), so
+# a line needs 5 of them: the rule then calls 96.5% of the Japanese manual's lines as it does the English one's.
+PROSE_MIN_WORDS_JA = 5
 PROSE_MIN_WORD_SHARE = 0.6  # ... and one whose tokens are mostly not words is code, a synopsis or an option list
 # A word: letters, with inner hyphens or apostrophes (e-mail, don't, l'option), opening and closing punctuation
 # around it. Identifiers (sqlite3_open, --all, <file>), numbers and operators are not words.
@@ -301,18 +316,26 @@ def is_word(token: str) -> bool:
     return _WORD.match(token) is not None
 
 
-def prose_view(text: str) -> str:
-    """The document's prose lines; every other line becomes a blank line, so paragraphs stay apart."""
+def prose_view(text: str, lang: str | None = None) -> str:
+    """The document's prose lines; every other line becomes a blank line, so paragraphs stay apart. A line of
+    Chinese or Japanese is cut into words by its segmenter (words.py); `lang` picks it for Han-only lines."""
     out, in_code = [], False
     for line in text.split("\n"):
         if line.strip() == FENCE:
             in_code = not in_code
             out.append("")
             continue
-        tokens = line.split()
-        words = 0 if in_code or _is_table_row(line) else sum(is_word(t) for t in tokens)
-        out.append(line if words >= PROSE_MIN_WORDS and words >= PROSE_MIN_WORD_SHARE * len(tokens) else "")
+        out.append(line if not in_code and _is_prose(line, lang) else "")
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
+
+
+def _is_prose(line: str, lang: str | None) -> bool:
+    if _is_table_row(line):
+        return False
+    tokens = words.segment(line, lang) if words.has_cjk(line) else line.split()
+    n = sum(is_word(t) for t in tokens)
+    least = PROSE_MIN_WORDS_JA if words.has_cjk(line) and words.cjk_language(line, lang) == "ja" else PROSE_MIN_WORDS
+    return n >= least and n >= PROSE_MIN_WORD_SHARE * len(tokens)
 
 
 def _is_table_row(line: str) -> bool:
@@ -320,9 +343,22 @@ def _is_table_row(line: str) -> bool:
     return " | " in line or line.lstrip().startswith("|")
 
 
-def prose_words(text: str) -> list[str]:
+def prose_words(text: str, lang: str | None = None) -> list[str]:
     """The words of the prose lines (what the language is judged on)."""
-    return [t for t in prose_view(text).split() if is_word(t)]
+    return [t for t in words.segment(prose_view(text, lang), lang) if is_word(t)]
+
+
+def language_sample(text: str, hint: str | None = None) -> tuple[str, int]:
+    """(what the language detector reads, the prose words in it): the words of the prose lines, and a Chinese or
+    Japanese line as written (the detector was trained on unspaced CJK text; its words alone lose the script's
+    cues), so the English package names and commands in a CJK manual do not outvote its prose."""
+    parts, count = [], 0
+    for line in prose_view(text, hint).split("\n"):
+        found = [t for t in (words.segment(line, hint) if words.has_cjk(line) else line.split()) if is_word(t)]
+        count += len(found)
+        if found:
+            parts.append(line.strip() if words.has_cjk(line) else " ".join(found))
+    return " ".join(parts), count
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -348,11 +384,11 @@ def detect_language(text: str, max_chars: int = 20_000) -> tuple[str, float]:
 
 def judge_language(text: str, cfg: DataConfig) -> tuple[str, float, int]:
     """(language, score, prose words judged) of the prose; ("und", 0.0, n) when n < data.language_min_words."""
-    words = prose_words(text)
-    if len(words) < cfg.language_min_words:
-        return "und", 0.0, len(words)
-    lang, score = detect_language(" ".join(words))
-    return lang, score, len(words)
+    sample, count = language_sample(text, cfg.languages[0])
+    if count < cfg.language_min_words:
+        return "und", 0.0, count
+    lang, score = detect_language(sample)
+    return lang, score, count
 
 
 def language_filter(lang: str, score: float, cfg: DataConfig, words: int | None = None) -> Drop | None:
@@ -390,10 +426,15 @@ STOP_WORDS = {
     "da": {"og", "i", "at", "det", "en", "den", "til", "er"},
     "cs": {"a", "v", "se", "na", "je", "že", "s", "z"},
     "tr": {"ve", "bir", "bu", "da", "de", "için", "ile", "olarak"},
+    # The particles and function words their segmenters cut out (rjieba, SudachiPy mode A).
+    "zh": {"的", "了", "是", "在", "和", "有", "不", "这"},
+    "ja": {"の", "に", "は", "を", "た", "が", "で", "て"},
 }
+# Word-length thresholds are fit on alphabets: a Chinese or Japanese word is 1-3 characters long.
+NO_WORD_LENGTH = words.CJK_LANGUAGES
 PUNCTUATION = set(string.punctuation) | {"…", "“", "”", "‘", "’", "«", "»", "–", "—"}
 BULLETS = ("•", "‣", "◦", "▪", "-", "*", "·")
-TERMINAL_PUNCT = (".", "!", "?", '"', "'", "”", "’", ":", ";", ")", "…")
+TERMINAL_PUNCT = (".", "!", "?", '"', "'", "”", "’", ":", ";", ")", "…", "。", "！", "？", "」", "』", "）", "：", "；")
 
 
 @dataclass(frozen=True)
@@ -468,12 +509,9 @@ def rules(q: QualityConfig) -> list[Rule]:
     return out
 
 
-def words_of(text: str) -> list[str]:
-    return text.split()
-
-
 def count_sentences(text: str) -> int:
-    return len(re.findall(r"[^.!?\n]{3,}[.!?]+(?=\s|$)", text))
+    """Sentences ending in . ! ? (then a space or the end), or in a CJK full stop, which needs no space after it."""
+    return len(re.findall(r"[^.!?\n]{3,}[.!?]+(?=\s|$)|[^。！？\n]{2,}[。！？]+", text))
 
 
 def duplicate_stats(elements: list[str]) -> tuple[int, int]:
@@ -515,25 +553,28 @@ def dup_ngram_char_ratio(words: list[str], n: int, total_chars: int) -> float:
 def measure(text: str, q: QualityConfig, lang: str = "en") -> dict[str, float]:
     """Every quality rule's value on the document (its prose, with quality.measure_on=prose). NaN: not measurable."""
     if q.measure_on == "prose":
-        text = prose_view(text)
+        text = prose_view(text, lang)
     nan = float("nan")
-    words = words_of(text)
-    n_words = max(len(words), 1)
-    non_symbol = [w for w in words if any(ch not in PUNCTUATION for ch in w)]
+    tokens = words.segment(text, lang)
+    n_words = max(len(tokens), 1)
+    non_symbol = [w for w in tokens if any(ch not in PUNCTUATION for ch in w)]
     lines = [line.strip() for line in text.split("\n") if line.strip()]
     paragraphs = [p for p in re.split(r"\n{2,}", text.strip()) if p.strip()]
     raw_lines = [line for line in text.split("\n") if line.strip()]
     total = max(len(text), 1)
-    stop_words = STOP_WORDS.get(lang)
+    # a CJK text cut into 2-character chunks (no segmenter installed) has no particles to count
+    chunked = lang in words.CJK_LANGUAGES and words.segmenter("ja" if lang == "ja" else "zh")[1] is None
+    stop_words = None if chunked else STOP_WORDS.get(lang)
     values = {
         "words": len(non_symbol),
-        "mean_word_length": sum(len(w) for w in non_symbol) / len(non_symbol) if non_symbol else nan,
+        "mean_word_length": sum(len(w) for w in non_symbol) / len(non_symbol)
+        if non_symbol and lang not in NO_WORD_LENGTH else nan,
         "symbol_word_ratio": max(text.count(s) for s in ("#", "...", "…")) / n_words,
         "bullet_lines_ratio": sum(line.startswith(BULLETS) for line in lines) / len(lines) if lines else nan,
         "ellipsis_lines_ratio": sum(line.endswith(("...", "…")) for line in lines) / len(lines) if lines else nan,
-        "alpha_words_ratio": sum(any(ch.isalpha() for ch in w) for w in words) / n_words if words else nan,
+        "alpha_words_ratio": sum(any(ch.isalpha() for ch in w) for w in tokens) / n_words if tokens else nan,
         "stop_words": nan if stop_words is None else sum(w.lower().strip(string.punctuation) in stop_words
-                                                         for w in words),
+                                                         for w in tokens),
         "lorem_ipsum": float("lorem ipsum" in text.lower()),
         "curly_brace": float("{" in text),
         "sentences": count_sentences(text),
@@ -544,16 +585,34 @@ def measure(text: str, q: QualityConfig, lang: str = "en") -> dict[str, float]:
     dup, chars = duplicate_stats(raw_lines)
     values["duplicate_lines_ratio"] = dup / len(raw_lines) if raw_lines else nan
     values["duplicate_line_chars_ratio"] = chars / total
-    lowered = [w.lower() for w in words]
+    lowered = [w.lower() for w in tokens]
     for n in q.max_top_ngram_chars_ratio:
         values[f"top_{n}gram_chars_ratio"] = top_ngram_char_ratio(lowered, n, total)
     for n in q.max_dup_ngram_chars_ratio:
         values[f"dup_{n}gram_chars_ratio"] = dup_ngram_char_ratio(lowered, n, total)
     values["punct_lines_ratio"] = sum(line.endswith(TERMINAL_PUNCT) for line in lines) / len(lines) if lines else nan
-    values["short_lines_ratio"] = sum(len(line) <= 30 for line in lines) / len(lines) if lines else nan
+    values["short_lines_ratio"] = sum(_width(line) <= 30 for line in lines) / len(lines) if lines else nan
     values["fineweb_dup_line_chars_ratio"] = duplicate_stats(lines)[1] / max(len(text.replace("\n", "")), 1)
     values["newlines_per_word"] = text.count("\n") / n_words
+    if not words.segmented(lang) or words.unsegmented_script(text):  # no word segmenter for this script
+        values.update(dict.fromkeys(WORD_METRICS, nan) | _ngram_keys(q, nan))
     return {k: float(v) for k, v in values.items()}
+
+
+# What the rules that count words measure: skipped (NaN) for a language written without spaces and no segmenter.
+WORD_METRICS = ("words", "mean_word_length", "symbol_word_ratio", "alpha_words_ratio", "stop_words",
+                "newlines_per_word")  # fmt: skip
+
+
+def _ngram_keys(q: QualityConfig, value: float) -> dict[str, float]:
+    return {f"top_{n}gram_chars_ratio": value for n in q.max_top_ngram_chars_ratio} | {
+        f"dup_{n}gram_chars_ratio": value for n in q.max_dup_ngram_chars_ratio}
+
+
+def _width(line: str) -> int:
+    """A line's length in Latin-script characters: a CJK character carries about as much as four of them (one
+    token against a word's ~1.3 tokens of ~5 letters and a space), so FineWeb's 30 characters hold ~8 of them."""
+    return len(line) + 3 * words.cjk_chars(line)
 
 
 def first_failure(values: dict[str, float], q: QualityConfig) -> Drop | None:

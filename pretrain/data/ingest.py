@@ -1,8 +1,12 @@
-"""Read the corpus: a directory tree (or single file) of text, HTML, JSONL and Parquet, or the embedded corpus.
+"""Read the corpus: a directory tree (or single file) of text, HTML, JSONL, Parquet, PDF, DOCX, ODT and EPUB, or the
+embedded corpus.
 
 `iter_inputs` streams one item at a time: a record `{"id", "text", "source", "meta", "format"}` or, for an input it
 cannot read, a skip `{"skip": reason, "id", "source", "detail"}`. Nothing here raises on bad data: binary files,
 invalid UTF-8, empty files, oversized files or lines and permission errors become skips that the report counts.
+
+A PDF, DOCX, ODT or EPUB file is streamed as a record with its path and no text: the data stage's workers convert
+it (pretrain/data/formats.py), so a folder of PDFs is read on every core, not by the process that lists it.
 
 Ids are stable: `<input dir name>/<relative path>` for a file, `...#<line>` / `...#<row>` for a JSONL line or a
 Parquet row (or the record's own `id` field when it has one), `python-stdlib:<module>.<object>` for the builtin.
@@ -24,11 +28,15 @@ import zstandard
 from forge import ForgeError
 from forge.config import BUILTIN_CORPUS, DataConfig
 from pretrain.data import stdlib_corpus
+from pretrain.data.formats import FORMATS
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst"}
 HTML_SUFFIXES = {".html", ".htm"}
 JSONL_SUFFIXES = {".jsonl", ".jsonl.gz", ".jsonl.zst"}
 PARQUET_SUFFIXES = {".parquet"}
+DOCUMENT_SUFFIXES = set(FORMATS)  # converted in the workers: see formats.py
+PAGE_SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | DOCUMENT_SUFFIXES  # a file that is one document (or one book)
+READ_SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | JSONL_SUFFIXES | PARQUET_SUFFIXES | DOCUMENT_SUFFIXES
 META_FIELDS = ("date", "source", "url", "title", "id")  # JSONL/Parquet fields kept in a record's meta
 BINARY_SNIFF = 8192
 
@@ -123,6 +131,8 @@ def iter_file(path: Path, doc_id: str, cfg: DataConfig) -> Iterator[dict[str, An
         yield from _read_jsonl(path, doc_id, source, suffix, cfg)
     elif suffix in PARQUET_SUFFIXES:
         yield from _read_parquet(path, doc_id, source, cfg)
+    elif suffix in DOCUMENT_SUFFIXES:
+        yield _document_file(path, doc_id, source)
     elif not path.name.startswith("."):
         yield skip("unsupported_type", doc_id, source, f"suffix {suffix or '(none)'} is not one of the read types")
 
@@ -141,6 +151,12 @@ def _read_text_file(path: Path, doc_id: str, source: str, fmt: str, cfg: DataCon
     if "skip" in record:
         return record
     return {**record, "meta": {}, "format": fmt}
+
+
+def _document_file(path: Path, doc_id: str, source: str) -> dict[str, Any]:
+    """A PDF/DOCX/ODT/EPUB as a record to convert later: its path, its format, no text yet. Its file size is not
+    its text's (images, fonts): data.max_doc_bytes is checked on the converted text."""
+    return {"id": doc_id, "text": "", "source": source, "meta": {}, "format": FORMATS[suffix_of(path)]}
 
 
 def decode_document(data: bytes, doc_id: str, source: str) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The per-record passes of `forge data`, as pure functions of (record, settings), and the process pool that maps
 them over batches.
 
-  extract_pass: HTML -> main text (markup and page chrome counted apart); the line hashes the boilerplate counter
-                needs; the estimated tokens of the text as read, which the split is sized on (splits.py).
+  extract_pass: PDF/DOCX/ODT/EPUB -> text, long documents -> sections (documents.py), HTML -> main text (markup
+                and page chrome counted apart); the line hashes the boilerplate counter needs; the estimated tokens
+                of the text as read, which the split is sized on (splits.py).
   clean_pass:   the split is assigned (from the id); boilerplate lines -> metadata -> language -> quality rules, all
                 rules measured for the calibration (calibrate.py) -> dedup features (exact hash, LSH keys).
 
@@ -23,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from forge.config import DataConfig
-from pretrain.data import calibrate, filters
+from pretrain.data import calibrate, documents, filters, formats
 from pretrain.data.dedup import NearDeduper, exact_hash
-from pretrain.data.splits import SPLITS, est_tokens, split_of
+from pretrain.data.splits import SPLITS, split_of
 
 __all__ = ["SPLITS", "split_of"]  # split_of is imported from here by the stages that hold documents out
 Record = dict[str, Any]
@@ -49,8 +50,10 @@ def _credit(record: Record, step: str, chars: int) -> Record:
 # pass 1: extraction
 
 
-def extract_record(record: Record, cfg: DataConfig) -> tuple[Record, np.ndarray | None]:
-    """(record or dropped record, its distinct line hashes for the boilerplate counter or None).
+def extract_record(record: Record, cfg: DataConfig) -> list[tuple[Record, np.ndarray | None]]:
+    """[(document or dropped document, its distinct line hashes for the boilerplate counter or None)] of one record
+    as read: a PDF, DOCX, ODT or EPUB converted, a long document cut into sections (documents.py), then each one's
+    HTML main content extracted.
 
     What HTML extraction takes away is counted in two parts: "markup" (tags, scripts, styles: never content) and
     "html_extraction" (visible text that is not the main content: navigation, sidebars, footers).
@@ -58,12 +61,19 @@ def extract_record(record: Record, cfg: DataConfig) -> tuple[Record, np.ndarray 
     "est_tokens" is what the split is sized on (splits.py): the text as read, of a page its visible text (markup
     gone, nothing judged), so no cleaning setting (extraction included) can move a document between splits.
     """
-    est = est_tokens(record["text"])
+    try:
+        docs = documents.as_read(record, cfg)
+    except formats.Unreadable as exc:
+        detail = f"{exc.reason}: {exc.detail}"
+        return [(_drop({**record, "raw_chars": 0}, filters.Drop("unreadable", detail, exc.reason)), None)]
+    return [_extract_one(doc, cfg) for doc in docs]
+
+
+def _extract_one(record: Record, cfg: DataConfig) -> tuple[Record, np.ndarray | None]:
     if record.get("format") == "html":
         html = record["text"]
         root = filters.parse_html(html)
         visible = filters.visible_text(root)
-        est = est_tokens(visible)
         if cfg.html_extraction:
             text = filters.extract_html(root, cfg.html_extraction_favor)
             if isinstance(text, filters.Drop):  # the visible text is what the user would have wanted kept
@@ -73,7 +83,7 @@ def extract_record(record: Record, cfg: DataConfig) -> tuple[Record, np.ndarray 
             record = {**record, "text": text}
         record = {**record, "format": "text"}
     hashes = filters.doc_line_hashes(record["text"]) if cfg.boilerplate else None
-    return {**record, "est_tokens": est}, hashes
+    return record, hashes
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -129,7 +139,10 @@ def _guarded(step: Callable[[Record], Any], record: Record, failed: Callable[[Re
 
 
 def extract_batch(batch: list[Record]) -> list[tuple[Record, np.ndarray | None]]:
-    return [_guarded(lambda r: extract_record(r, _WORKER["cfg"]), r, lambda d: (d, None)) for r in batch]
+    out: list[tuple[Record, np.ndarray | None]] = []
+    for r in batch:
+        out += _guarded(lambda r: extract_record(r, _WORKER["cfg"]), r, lambda d: [(d, None)])
+    return out
 
 
 def clean_batch(batch: list[Record]) -> tuple[list[Record], np.ndarray]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import io
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,13 @@ import zstandard
 from forge import render
 from forge.config import ForgeConfig
 from forge.io import atomic_path, atomic_write_json, atomic_write_text
-from pretrain.data.splits import TOKENS_PER_WORD
+from pretrain.data.splits import TOKENS_PER_WORD, est_tokens
 
 LARGEST_PER_RULE = 5
 EXCERPT_CHARS = 300
 LOG_TEXT_CHARS = 2000  # removed.jsonl.zst keeps this much of each removed document's text
 MAX_PLOTTED_RULES = 12
+MAX_LISTED = 1000  # unreadable files listed by id in report.json (every one is in removed.jsonl.zst)
 
 
 def cluster_stats(sizes: np.ndarray) -> dict[str, Any]:
@@ -52,6 +53,9 @@ class Stats:
         self.largest: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}  # rule -> min-heap of the largest
         self.clusters: dict[str, dict[str, Any]] = {}
         self.raw_docs = self.raw_chars = self.markup_chars = self.kept_docs = self.kept_chars = 0
+        self.by_format: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self.by_language: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self.unreadable: list[dict[str, Any]] = []  # the first MAX_LISTED files that could not be read, and why
         self._seq = 0
         self._log_path = log_path
         self._log_ctx = atomic_path(log_path)
@@ -63,6 +67,11 @@ class Stats:
     def count_raw(self, record: dict[str, Any]) -> None:
         self.raw_docs += 1
         self.raw_chars += record["raw_chars"]
+        entry = self.by_format[_format_of(record)]
+        part = record.get("meta", {}).get("part")
+        entry["documents"] += part is None or part.startswith("1/")  # a document's first section counts it
+        entry["sections"] += 1
+        entry["raw_chars"] += record["raw_chars"]
 
     def _credit_edits(self, record: dict[str, Any]) -> None:
         for step, chars in record.get("removed", {}).items():
@@ -78,6 +87,11 @@ class Stats:
         entry["chars"] += len(record["text"])
         rule = record.get("rule") or _rule(name, reason)
         entry["rules"][rule] += 1
+        if name == "unreadable" and len(self.unreadable) < MAX_LISTED:
+            self.unreadable.append({"id": record["id"], "source": record.get("source"), "rule": rule,
+                                    "reason": reason})  # fmt: skip
+        if lang := record.get("meta", {}).get("lang"):
+            self.by_language[lang]["dropped_sections"] += 1
         row = {"id": record["id"], "split": record.get("split"), "source": record.get("source"), "filter": name,
                "rule": rule, "reason": reason, "value": record.get("value"), "chars": len(record["text"])}  # fmt: skip
         if record.get("duplicate_of"):
@@ -92,6 +106,13 @@ class Stats:
         self._credit_edits(record)
         self.kept_docs += 1
         self.kept_chars += len(record["text"])
+        entry = self.by_format[_format_of(record)]
+        entry["kept_sections"] += 1
+        entry["kept_chars"] += len(record["text"])
+        language = self.by_language[record.get("meta", {}).get("lang") or "und"]
+        language["kept_sections"] += 1
+        language["kept_chars"] += len(record["text"])
+        language["kept_est_tokens"] += est_tokens(record["text"])
 
     def close(self) -> None:
         if self._log is None:
@@ -100,6 +121,11 @@ class Stats:
         self._log.close()  # closes the zstd frame and the file
         self._log = None  # type: ignore[assignment]
         self._log_ctx.__exit__(None, None, None)  # rename onto removed.jsonl.zst
+
+
+def _format_of(record: dict[str, Any]) -> str:
+    """The file format a record came from (pdf, docx, odt, epub, html, text, jsonl, parquet)."""
+    return str(record.get("meta", {}).get("format") or record.get("format") or "text")
 
 
 def _rule(name: str, reason: str) -> str:
@@ -150,6 +176,10 @@ def write(out: Path, stats: Stats, splits: dict[str, Any], cfg: ForgeConfig, spl
             "token_ids_uint16_bytes": tokens * 2,  # tokenized shards, vocab < 65,536
             "token_ids_uint32_bytes": tokens * 4,
         },
+        "by_format": {k: dict(v) for k, v in sorted(stats.by_format.items())},
+        "by_language": {k: dict(v) for k, v in sorted(stats.by_language.items(), key=lambda kv: -kv[1]["kept_chars"])},
+        "unreadable": stats.unreadable,
+        "scanned": [u["id"] for u in stats.unreadable if u["rule"] == "scanned"],
         "largest_dropped": largest,
         "tokens_per_word": TOKENS_PER_WORD,
     }  # fmt: skip
@@ -198,6 +228,7 @@ def markdown(data: dict[str, Any]) -> str:
         lines += ["", f"**Calibration warning**: {len(cal['flagged'])} rule(s) alone would drop more than "
                   f"{100 * cal['max_drop_share']:g}% of the train documents: {', '.join(cal['flagged'])}. "
                   "See [Calibration](#calibration-each-rule-on-the-train-split)."]  # fmt: skip
+    lines += format_markdown(data)
     lines += ["", "## Splits", "",
               "Assigned from a stable hash of each document id before any cleaning (pretrain/data/splits.py); "
               f"val and test get at least data.min_eval_tokens={plan['min_eval_tokens']:,} estimated tokens each "
@@ -255,6 +286,31 @@ def markdown(data: dict[str, Any]) -> str:
         f"{_fmt(st['token_ids_uint16_bytes'])}B as uint16 token ids ({_fmt(st['token_ids_uint32_bytes'])}B uint32).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def format_markdown(data: dict[str, Any]) -> list[str]:
+    """Per file format and per language: documents, sections and kept text; the files that could not be read."""
+    lines = ["", "## By format and language", "",
+             "Long documents are cut into sections before the split (data.max_section_tokens); a section is judged "
+             "and kept as a document of its own.", "",
+             "| format | documents | sections | sections kept | chars kept |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for fmt, f in data["by_format"].items():
+        lines.append(f"| {fmt} | {f.get('documents', 0):,} | {f.get('sections', 0):,} | "
+                     f"{f.get('kept_sections', 0):,} | {f.get('kept_chars', 0):,} |")  # fmt: skip
+    lines += ["", "| language | sections kept | chars kept | est. tokens kept | sections dropped |",
+              "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for lang, f in data["by_language"].items():
+        lines.append(f"| {lang} | {f.get('kept_sections', 0):,} | {f.get('kept_chars', 0):,} | "
+                     f"{f.get('kept_est_tokens', 0):,} | {f.get('dropped_sections', 0):,} |")  # fmt: skip
+    if data["scanned"]:
+        listed = ", ".join(f"`{i}`" for i in data["scanned"][:50])
+        lines += ["", f"**Scanned PDFs** ({len(data['scanned'])}): no text layer to read; OCR (e.g. `ocrmypdf "
+                  f"--sidecar`, Tesseract) would turn them into text first: {listed}"]  # fmt: skip
+    other = [u for u in data["unreadable"] if u["rule"] != "scanned"]
+    if other:
+        lines += ["", f"**Not read** ({len(other)} listed):", ""]
+        lines += [f"- `{u['id']}`: {u['reason']}" for u in other[:50]]
+    return lines
 
 
 def calibration_markdown(cal: dict[str, Any]) -> list[str]:

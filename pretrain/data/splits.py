@@ -3,8 +3,9 @@
 Every document has a point u in [0, 1) from the hash of its id. With ratios (train, val, test) a document is train
 below `train`, val up to `train + val`, test above. The ratios are data.split, except that val and test each grow
 (test downwards from u = 1, val below it) until they hold data.min_eval_tokens, up to data.max_eval_fraction of the
-corpus each (sized with EVAL_HEADROOM for what cleaning removes): 98:1:1 of a 1,000-page manual is a handful of
-documents and a few thousand tokens, and perplexity on that is noise.
+corpus each (and the one document past it that reaches the minimum, documents being whole), sized with EVAL_HEADROOM
+for what cleaning removes: 98:1:1 of a 1,000-page manual is a handful of documents and a few thousand tokens, and
+perplexity on that is noise.
 
 The sizes are measured once, on the text of every document as read (an HTML page's visible text: its markup gone,
 nothing judged yet), so no cleaning setting (extraction, filter, threshold, dedup, profile) can move a document
@@ -12,10 +13,10 @@ between splits; only the corpus itself (adding or removing documents) moves the 
 recorded in report.json and in the manifest's metrics (split_ratio_train/val/test): `split_of(id, ratios)` gives
 any document's split again.
 
-Tokens are estimated as words x 1.3 before a tokenizer exists: ~1.3 tokens per word is what a byte-level BPE
-trained on the domain gives on English (the tokenizer stage warns above 1.4). Bytes / 4 would count HTML-escaped and
-multi-byte UTF-8 text (accents, Cyrillic) as more tokens than it is; words under-count only languages written
-without spaces (Chinese, Japanese), and an under-count makes val and test larger, never too small.
+Tokens are estimated before a tokenizer exists (words.est_tokens): whitespace words x 1.3, what a byte-level BPE
+trained on the domain gives on English (the tokenizer stage warns above 1.4), and Chinese and Japanese, written
+without spaces, by the character (1.0 and 0.7 tokens each). Bytes / 4 would count HTML-escaped and multi-byte UTF-8
+text (accents, Cyrillic) as more tokens than it is.
 
     plan = plan_split(units, tokens, cfg.data)        # units: hash_unit(id) per document, tokens: est_tokens(text)
     split = split_of(doc_id, plan.ratios)
@@ -29,18 +30,15 @@ import numpy as np
 import xxhash
 
 from forge.config import DataConfig
+from pretrain.data.words import TOKENS_PER_WORD, est_tokens
 
+__all__ = ["SPLITS", "TOKENS_PER_WORD", "est_tokens", "plan_split", "split_of"]
 SPLITS = ("train", "val", "test")
-TOKENS_PER_WORD = 1.3
 # val and test are sized on the text as read, and cleaning then removes part of it (page chrome, boilerplate lines,
 # dropped pages, copies): 2-18% of the val/test text of the Debian manuals in tests/test_data_debian.py. Sizing them
 # at 1.5x data.min_eval_tokens keeps the minimum after cleaning unless cleaning takes a third; the report gives both
 # figures and the log warns when cleaning took more.
 EVAL_HEADROOM = 1.5
-
-
-def est_tokens(text: str) -> int:
-    return round(len(text.split()) * TOKENS_PER_WORD)
 
 
 def hash_unit(doc_id: str) -> float:
@@ -78,12 +76,14 @@ def plan_split(units: np.ndarray, tokens: np.ndarray, cfg: DataConfig) -> SplitP
         lower = upper - cfg.split[split]
         inside = (u_desc >= lower) & (u_desc < upper)
         if t_desc[inside].sum() < want:
-            # grow: take the next documents below `upper` until `want` tokens, never past the cap
+            # grow: take the next documents below `upper` until `want` tokens, not past the cap, except by the one
+            # document that reaches min_eval_tokens when the cap allows that much (documents come whole)
             below = np.flatnonzero(u_desc < upper)
             cum = np.cumsum(t_desc[below])
             k = int(np.searchsorted(cum, want)) + 1  # documents needed
             k = min(k, len(below))
-            while k > 0 and cum[k - 1] > cap:
+            reaches_minimum = cap >= cfg.min_eval_tokens
+            while k > 0 and cum[k - 1] > cap and not (reaches_minimum and (k == 1 or cum[k - 2] < cfg.min_eval_tokens)):
                 k -= 1
             if k > 0:
                 last = u_desc[below[k - 1]]

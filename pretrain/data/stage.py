@@ -12,7 +12,8 @@ Outputs in runs/<run>/data/:
   removed_by_filter.png    the removal breakdown (markup counted apart, not as removed text)
   calibration.png          the distribution of each rule that fails train documents, against its threshold
 
-The order: read -> extract (HTML main content; sizes measured) -> split (splits.py: the hash of each id, val/test
+The order: read -> convert PDF/DOCX/ODT/EPUB, cut long documents into sections, extract HTML main content (sizes
+measured on the text as read: documents.py) -> split (splits.py: the hash of each id, val/test
 sized in tokens) -> clean (every rule measured for the calibration, then applied) -> dedup -> shards.
 
 Memory stays bounded: records stream through two spill files under `.work/` (deleted at the end); the main process
@@ -247,8 +248,7 @@ def _ingested(cfg, stats: report.Stats) -> Iterator[dict[str, Any]]:
             stats.count_raw(skipped)
             stats.drop(skipped, "unreadable", f"{item['skip']}: {item['detail']}")
             continue
-        text = item["text"] if item.get("format") == "html" else filters.nfc(item["text"]).strip()
-        yield {**item, "text": text, "split": "-", "raw_chars": len(text)}
+        yield {**item, "split": "-", "raw_chars": len(item["text"])}  # as_read sets each document's own size
 
 
 def _extract(cfg, seed: int, work: Path, mapper: Mapper, stats: report.Stats):
@@ -275,7 +275,7 @@ def _extract(cfg, seed: int, work: Path, mapper: Mapper, stats: report.Stats):
     if stats.raw_docs == 0:
         raise ForgeError(
             f"data: no documents found in data.inputs={cfg.inputs}; supported files: "
-            ".txt .md .rst .html .htm .jsonl .jsonl.gz .jsonl.zst .parquet"
+            f"{' '.join(sorted(ingest.READ_SUFFIXES))}"
         )
     return spill, sketch, splits.plan_split(np.array(units), np.array(tokens), cfg)
 

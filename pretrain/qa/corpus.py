@@ -1,8 +1,9 @@
 """Q&A pairs from the user's corpus: every document the data stage kept, read back with its structure.
 
 The data stage's cleaned text has lost the markup of HTML pages (headings, definition lists, tables), so each kept
-document's structure is taken from its input file when it still exists and is a page (HTML, Markdown, RST, AsciiDoc,
-text; pretrain/qa/structure.py), else from its cleaned text (JSONL and Parquet rows). The answers are always checked
+document's structure is taken from its input file when it still exists and is a document (HTML, Markdown, RST,
+AsciiDoc, text, or the Markdown the PDF/DOCX/ODT/EPUB readers write; a section of one is cut the same way again;
+pretrain/qa/structure.py), else from its cleaned text (JSONL and Parquet rows). The answers are always checked
 against the cleaned text (pretrain/qa/extract.py), so every answer is text of its document's split: pairs from
 train documents are what SFT trains on, pairs from val and test documents the held-out set, never trained on.
 
@@ -26,7 +27,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from forge.config import ForgeConfig
-from pretrain.data import ingest
+from pretrain.data.documents import reread
 from pretrain.qa import questions
 from pretrain.qa.dedup import deduplicate
 from pretrain.qa.extract import SHORT_ANSWER_QTYPES, Context, normalize, page_pairs, title_noise
@@ -48,20 +49,18 @@ def documents(shards: dict[str, list[Path]]) -> Iterator[dict[str, Any]]:
                     yield {**row, "meta": json.loads(row["meta"] or "{}"), "split": split}
 
 
-def read_page(doc: dict[str, Any]) -> tuple[Page, str]:
-    """(the document's structure, where it came from: "html", "text" or "cleaned text")."""
-    source = Path(doc["source"]) if doc.get("source") else None
-    suffix = ingest.suffix_of(source) if source else ""
-    if source is not None and suffix in ingest.HTML_SUFFIXES | ingest.TEXT_SUFFIXES and source.is_file():
-        try:
-            decoded = ingest.decode_document(ingest.read_bytes(source), doc["id"], str(source))
-        except OSError:
-            decoded = {"skip": "unreadable"}
-        if "text" in decoded:
-            if suffix in ingest.HTML_SUFFIXES:
-                return parse_html(decoded["text"]), "html"
-            return parse_text(decoded["text"]), "text"
-    return parse_text(doc["text"]), "cleaned text"
+def read_page(doc: dict[str, Any], cfg: ForgeConfig) -> tuple[Page, str]:
+    """(the document's structure, where it came from: its format as read, or "cleaned text").
+
+    A document read from a file (a page, a PDF, an office document, a section of one) is read again exactly as the
+    data stage read it, before cleaning (pretrain/data/documents.py); a JSONL or Parquet row, or a file that has
+    changed or gone since, has only its cleaned text."""
+    found = reread(doc["id"], doc.get("source"), cfg.data)
+    if found is None:
+        return parse_text(doc["text"]), "cleaned text"
+    if found.get("format") == "html":
+        return parse_html(found["text"]), "html"
+    return parse_text(found["text"]), str(found.get("meta", {}).get("format") or "text")
 
 
 def language(doc: dict[str, Any], cfg: ForgeConfig) -> str:
@@ -75,7 +74,7 @@ def corpus_pairs(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """(train pairs, held-out pairs, report) of the corpus the data stage kept."""
     total = sum(pq.ParquetFile(f).metadata.num_rows for files in shards.values() for f in files)
-    titles = [read_page(doc)[0].title for doc in tqdm(documents(shards), total=total, desc="qa: titles",
+    titles = [read_page(doc, cfg)[0].title for doc in tqdm(documents(shards), total=total, desc="qa: titles",
                                                           unit="doc", disable=None)]  # fmt: skip
     noise = title_noise(titles)
     skipped: Counter[str] = Counter()
@@ -83,7 +82,7 @@ def corpus_pairs(
     splits = {s: {"documents": 0, "words": 0, "with_pairs": 0} for s in ("train", *HELD_OUT)}
     pairs: list[dict[str, Any]] = []
     for doc in tqdm(documents(shards), total=total, desc="qa: extract", unit="doc", disable=None):
-        page, origin = read_page(doc)
+        page, origin = read_page(doc, cfg)
         structure_from[origin] += 1
         counts = splits[doc["split"]]
         counts["documents"] += 1
