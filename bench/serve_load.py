@@ -91,7 +91,7 @@ def side_by_side(config: str, n: int, levels: list[int], max_tokens: int, parall
 
     from forge.hashing import sha256_file
     from serve.backends import (
-        Backend,
+        ServerProcess,
         gateway_command,
         llama_server_command,
         llamacpp_python_command,
@@ -118,11 +118,11 @@ def side_by_side(config: str, n: int, levels: list[int], max_tokens: int, parall
         print(f"{config}: Q4_K_M {size_mb:.1f} MB, sha256 in {hash_s:.3f}s ({size_mb / hash_s:,.0f} MB/s)", flush=True)
         old_port, new_port = _free_port(), _free_port()
         servers = {
-            "old: llama-cpp-python": Backend(
+            "old: llama-cpp-python": ServerProcess(
                 llamacpp_python_command(gguf, old_port, "bench", n_ctx, threads=threads), old_port, "bench",
                 log_path=work / "old.log", ready_timeout=300,
             ),
-            f"new: llama-server x{parallel}": Backend(
+            f"new: llama-server x{parallel}": ServerProcess(
                 gateway_command(llama_server_command(gguf, "bench", n_ctx, parallel, threads), new_port), new_port,
                 "bench", log_path=work / "new.log", ready_timeout=300,
             ),

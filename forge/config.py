@@ -356,6 +356,28 @@ class TrainConfig(Section):
 # the domain Q&A set
 
 
+class TeacherConfig(Section):
+    """A model that writes Q&A pairs from the corpus's chunks (pretrain/qa/teacher.py); each pair is kept only when
+    the chunk supports it."""
+
+    EXECUTION_ONLY = frozenset({"api_key_env", "timeout_s", "parallel"})  # how it is reached, not what it writes
+
+    model: str = Field(description="A local .gguf file (served by Forge's llama-server while the qa stage runs), or "
+                       "the model's name at `url`.")  # fmt: skip
+    url: str | None = Field(None, description="An OpenAI-compatible endpoint (http://host:8000/v1: vLLM, a server "
+                            "you run); None: serve `model`, a local GGUF.")  # fmt: skip
+    api_key_env: str = "FORGE_TEACHER_API_KEY"  # the environment variable holding the endpoint's key, if it needs one
+    chunk_tokens: int = Field(512, ge=64)  # estimated tokens of text per request
+    pairs_per_chunk: int = Field(3, ge=1, le=20)
+    max_chunks: int = Field(200, ge=1)  # a stable sample of the corpus's chunks: what the teacher's time is spent on
+    min_support: float = Field(0.8, gt=0.0, le=1.0)  # share of an answer's content words the chunk must hold
+    temperature: float = Field(0.2, ge=0.0)
+    max_tokens: int = Field(768, ge=16)
+    context: int = Field(4096, ge=512)  # per slot, for a local GGUF
+    parallel: int = Field(2, ge=1)  # requests in flight (llama-server slots for a local GGUF)
+    timeout_s: float = Field(600.0, gt=0)
+
+
 class QAConfig(Section):
     """`forge qa`: the Q&A pairs SFT trains on and evaluation scores (see pretrain/qa/)."""
 
@@ -367,6 +389,11 @@ class QAConfig(Section):
         "{question, answer} or {messages} lines, which always wins. auto: builtin for the embedded corpus, else "
         "corpus.",
     )
+    # With qa.source=corpus, also mine pairs from the documents' running text (definitions, purposes, procedures,
+    # conditions; pretrain/qa/prose.py), so plain prose without headings gives a Q&A set too.
+    prose: bool = True
+    # A teacher model that also writes pairs from chunks of the corpus, each kept only where its chunk supports it.
+    teacher: TeacherConfig | None = None
     # Objects (builtin) or questions (a JSONL file) held out for `forge eval`, by a stable hash; the builtin set also
     # holds out every object whose docstring the data stage put in val or test. Corpus pairs are held out exactly
     # when their document is in val or test, whatever this is.

@@ -12,9 +12,9 @@ full). Its own endpoints besides the OpenAI ones, /health and /metrics (tokenize
 exposed: 404.
 
 The gateway starts llama-server as its child on a free loopback port and exits with the child's exit code; `kill`
-of the process group (serve.backends.Backend.stop) stops both. The API key stays llama-server's to check: a request
-whose Authorization header is not the key is passed through unread, so an unauthenticated caller learns nothing
-from the gateway's answers.
+of the process group (ServerProcess.stop, models/llama_server.py) stops both. The API key stays llama-server's to
+check: a request whose Authorization header is not the key is passed through unread, so an unauthenticated caller
+learns nothing from the gateway's answers.
 """
 
 from __future__ import annotations

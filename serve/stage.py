@@ -27,7 +27,7 @@ from forge.paths import run_dir
 from models.gguf import check_gguf, context_length
 from serve.backends import (
     LLAMA_API_KEY_ENV,
-    Backend,
+    ServerProcess,
     gateway_command,
     llama_server_command,
     llamacpp_python_command,
@@ -48,8 +48,8 @@ def plan_server(
     backend: str | None = None,
     gguf: Path | None = None,
     port: int | None = None,
-) -> tuple[Backend, dict[str, Any]]:
-    """Decide what to serve and how; returns the (not started) Backend and what it serves. Every file served is
+) -> tuple[ServerProcess, dict[str, Any]]:
+    """Decide what to serve and how; returns the (not started) ServerProcess and what it serves. Every file served is
     checked first: a GGUF's header, and the sha256 of a bundle's or a registry version's files."""
     s = cfg.serve
     port = port or s.port
@@ -76,7 +76,7 @@ def plan_server(
     if chosen == "vllm":
         model_dir, source = servable(cfg, "model")
         info = {"backend": "vllm", "model": str(model_dir), "alias": alias, "source": source}
-        return Backend(
+        return ServerProcess(
             vllm_command(model_dir, port, alias, s.host, key, s.n_ctx),
             port,
             alias,
@@ -99,7 +99,7 @@ def _gguf_server(
     port: int,
     source: dict[str, Any],
     binary: str | None = None,
-) -> tuple[Backend, dict[str, Any]]:
+) -> tuple[ServerProcess, dict[str, Any]]:
     """llama-server (or llama-cpp-python's server) for a checked GGUF; n_ctx per slot, default the model's."""
     s = cfg.serve
     key = api_key(cfg)
@@ -113,7 +113,7 @@ def _gguf_server(
         server = llama_server_command(path, alias, n_ctx, s.parallel, s.threads, binary)
         command = gateway_command(server, port, s.host)
         env = {LLAMA_API_KEY_ENV: key} if key else None
-    return Backend(command, port, alias, s.host, key, _log_path(cfg), env=env), info
+    return ServerProcess(command, port, alias, s.host, key, _log_path(cfg), env=env), info
 
 
 def _log_path(cfg: ForgeConfig) -> Path:
@@ -189,7 +189,7 @@ def stop_requested() -> Iterator[threading.Event]:
             signal.signal(signum, handler)
 
 
-def serve_until(server: Backend, stop: threading.Event) -> int | None:
+def serve_until(server: ServerProcess, stop: threading.Event) -> int | None:
     """Wait for the stop signal or the server's own exit; its exit code if it exited, None when stopped."""
     while not stop.wait(0.5):
         code = server.poll()

@@ -236,11 +236,11 @@ def test_api_key_is_required_when_set(gguf_path, monkeypatch):
 
 
 def test_server_dying_before_ready_is_reported(tmp_path):
-    from serve.backends import Backend
+    from serve.backends import ServerProcess
 
     cmd = [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]
     with pytest.raises(ForgeError, match="(?s)exited with code 3.*boom"):
-        Backend(cmd, free_port(), "x", log_path=tmp_path / "log").start()
+        ServerProcess(cmd, free_port(), "x", log_path=tmp_path / "log").start()
 
 
 def test_refuses_a_damaged_gguf(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.config import DataConfig
-from pretrain.data import filters, formats, sections
+from pretrain.data import filters, formats, sections, textblocks
 from pretrain.data.splits import est_tokens
 
 Record = dict[str, Any]
@@ -35,7 +35,7 @@ def as_read(record: Record, cfg: DataConfig) -> list[Record]:
     out = []
     for doc in converted:
         if len(doc["text"]) > cfg.max_doc_bytes:
-            raise formats.Unreadable("too_large", f"{len(doc['text'])} chars of text > data.max_doc_bytes="
+            raise textblocks.Unreadable("too_large", f"{len(doc['text'])} chars of text > data.max_doc_bytes="
                                      f"{cfg.max_doc_bytes}")  # fmt: skip
         meta = {**doc.get("meta", {}), "format": doc.get("meta", {}).get("format") or fmt}
         for section in sections.cut({**doc, "meta": meta}, cfg.max_section_tokens, size_of(doc)):
@@ -77,7 +77,7 @@ def reread(doc_id: str, source: str | None, cfg: DataConfig) -> Record | None:
                 continue
             try:
                 found |= {d["id"]: d for d in as_read(record, cfg)}
-            except formats.Unreadable:
+            except textblocks.Unreadable:
                 continue
         while len(_CACHE) >= CACHED_FILES:
             _CACHE.pop(next(iter(_CACHE)))

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.data.formats import FENCE, MONOSPACE, Unreadable, heading
+from pretrain.data.filters import FENCE
+from pretrain.data.textblocks import MONOSPACE, Unreadable, heading
 from pretrain.data.words import has_cjk
 
 BULLET = re.compile(r"^\s*([•◦▪‣●○■□–—*-]|\(?\d{1,2}[.)]|\(?[a-z][.)])\s+")
 SCANNED_SHARE = 0.9  # a document with no text on this share of its pages is a scan
-RUNNING_MIN_PAGES = 3  # a top or bottom line recurring on this many pages is page furniture
+RUNNING_MIN_PAGES, RUNNING_MIN_SHARE = 3, 0.05  # a top or bottom line on this many pages (and share) is furniture
 RUNNING_EDGE = 2  # lines looked at at each edge of a page
 HEADING_SIZE = 1.15  # a line this much larger than the body text is a heading
 # Lines of a paragraph sit ~1.2 font sizes apart (baseline to baseline); paragraphs ~1.7 (the Debian Reference
@@ -185,13 +186,14 @@ def remove_running_lines(pages: list[list[Line]]) -> list[int]:
     edges: Counter[str] = Counter()
     for lines in pages:
         edges.update({key(x) for x in lines[:RUNNING_EDGE] + lines[-RUNNING_EDGE:]})
+    least = max(RUNNING_MIN_PAGES, RUNNING_MIN_SHARE * len(pages))
     removed = []
     for lines in pages:
         chars = 0
         for at in (0, -1):  # peel the top, then the bottom
             for _ in range(RUNNING_EDGE):
                 k = key(lines[at]) if lines else "\0heading"
-                if k != "\0heading" and (edges[k] >= RUNNING_MIN_PAGES or k in ("0", "- 0 -", "page 0")):
+                if k != "\0heading" and (edges[k] >= least or k in ("0", "- 0 -", "page 0")):
                     chars += len(lines.pop(at).text) + 1
         removed.append(chars)
     return removed
@@ -258,7 +260,7 @@ class _Writer:
         self.kind = self.kind or kind
         text = line.text
         if line.hyphen and kind != "code":  # a word broken across lines: joined without its hyphen
-            text = text.rstrip("-\u00ad\ufffe\u2010") + "\u0000"
+            text = text.rstrip("-\u00ad\ufffe\u2010\x02") + "\u0000"
         self.lines.append(text)
 
     def heading(self, level: int, text: str, merge: bool) -> None:

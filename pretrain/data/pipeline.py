@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from forge.config import DataConfig
-from pretrain.data import calibrate, documents, filters, formats
+from pretrain.data import calibrate, documents, filters, textblocks
 from pretrain.data.dedup import NearDeduper, exact_hash
 from pretrain.data.splits import SPLITS, split_of
 
@@ -63,7 +63,7 @@ def extract_record(record: Record, cfg: DataConfig) -> list[tuple[Record, np.nda
     """
     try:
         docs = documents.as_read(record, cfg)
-    except formats.Unreadable as exc:
+    except textblocks.Unreadable as exc:
         detail = f"{exc.reason}: {exc.detail}"
         return [(_drop({**record, "raw_chars": 0}, filters.Drop("unreadable", detail, exc.reason)), None)]
     return [_extract_one(doc, cfg) for doc in docs]

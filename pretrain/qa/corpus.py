@@ -28,14 +28,15 @@ from tqdm import tqdm
 
 from forge.config import ForgeConfig
 from pretrain.data.documents import reread
-from pretrain.qa import questions
+from pretrain.qa import prose, questions
 from pretrain.qa.dedup import deduplicate
-from pretrain.qa.extract import SHORT_ANSWER_QTYPES, Context, normalize, page_pairs, title_noise
+from pretrain.qa.extract import SHORT_ANSWER_QTYPES, Context, Pair, normalize, page_pairs, title_noise
 from pretrain.qa.structure import Page, parse_html, parse_text
+from pretrain.qa.teacher import teacher_pairs
 
 log = logging.getLogger("forge.qa")
 
-EXTRACTOR_VERSION = "2"  # bump when the extracted pairs change: it is part of the qa stage's skip key
+EXTRACTOR_VERSION = "3"  # bump when the extracted pairs change: it is part of the qa stage's skip key
 BOILERPLATE_DOCUMENTS = 3  # a long answer found word for word in this many documents is the site's, not the page's
 HELD_OUT = ("val", "test")
 
@@ -61,6 +62,14 @@ def read_page(doc: dict[str, Any], cfg: ForgeConfig) -> tuple[Page, str]:
     if found.get("format") == "html":
         return parse_html(found["text"]), "html"
     return parse_text(found["text"]), str(found.get("meta", {}).get("format") or "text")
+
+
+def prose_pairs(doc: dict[str, Any], page: Page, ctx: Context, answered: set[str]) -> list[Pair]:
+    """Pairs mined from the document's running text (prose.py), but for sentences its structure already answers."""
+    subject = prose.document_subject(page.title, doc["id"])
+    lang = str(doc["meta"].get("lang") or ctx.lang)
+    return [Pair(m.question, m.answer, m.kind, "") for m in prose.mine(doc["text"], lang, ctx.seed, subject)
+            if normalize(m.answer) not in answered]  # fmt: skip
 
 
 def language(doc: dict[str, Any], cfg: ForgeConfig) -> str:
@@ -90,12 +99,18 @@ def corpus_pairs(
         ctx = Context(normalize(doc["text"]), language(doc, cfg), cfg.seed, doc["id"], noise)
         found, why = page_pairs(page, ctx)
         skipped.update(why)
+        if cfg.qa.prose:
+            found += prose_pairs(doc, page, ctx, {normalize(p.answer) for p in found})
         counts["with_pairs"] += bool(found)
         for p in found:
             source = {"kind": "corpus", "doc_id": doc["id"], "split": doc["split"], "heading": p.heading or None,
                       "path": doc.get("source")}  # fmt: skip
             pairs.append({"question": p.question, "answer": p.answer, "qtype": p.qtype, "source": source})
 
+    teacher = None
+    if cfg.qa.teacher is not None:
+        taught, teacher = teacher_pairs(cfg, documents(shards))
+        pairs += taught
     # A long answer that several documents carry word for word is the site's boilerplate, not what a page says.
     carriers: defaultdict[str, set[str]] = defaultdict(set)
     for p in pairs:
@@ -122,6 +137,8 @@ def corpus_pairs(
         "extracted_pairs": len(pairs),
         "skipped": dict(skipped.most_common()),
     }
+    if teacher is not None:
+        report["teacher"] = teacher
     log.info("qa: %d pairs from %d documents (%s); %d train, %d held-out after dedup", len(pairs), total,
              ", ".join(f"{k} {v}" for k, v in structure_from.items()), len(train), len(held))  # fmt: skip
     return train, held, report

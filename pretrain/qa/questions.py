@@ -208,13 +208,42 @@ SUBJECT_NOUNS: dict[str, dict[str, str]] = {
 }
 
 
+# Questions about a sentence of running text (prose.py), per language with mining patterns. {s} the subject, {be}
+# is/are agreeing with it, {t} a task or a condition, {w} if/when, {aux} is/are and {p} a participle.
+PROSE_WORDINGS: dict[str, dict[str, list[str]]] = {
+    "en": {
+        "prose_definition": ["What {be} {s}?", "What is meant by {s}?", "Define {s}."],
+        "prose_meaning": ["What does {s} mean?", "What does {s} refer to?", "What is meant by {s}?"],
+        "prose_purpose": ["What {be} {s} used for?", "What is the purpose of {s}?", "What {be} {s} for?"],
+        "prose_enables": ["What does {s} let you do?", "What can you do with {s}?"],
+        "prose_default": ["What does {s} do by default?", "What is the default behaviour of {s}?"],
+        "prose_default_np": ["What is the default for {s}?", "What happens to {s} by default?"],
+        "prose_default_to": ["What does {s} default to?", "What is the default of {s}?"],
+        "prose_location": ["Where {aux} {s} {p}?"],
+        "prose_howto": ["How do I {t}?", "How can I {t}?", "What should I do to {t}?"],
+        "prose_condition": ["What does {s} do {w} {t}?", "How does {s} behave {w} {t}?"],
+        "prose_behaviour": ["What does {s} do?", "What is the effect of {s}?"],
+        "prose_topic": ["What should I know about {s}?", "Tell me about {s}.",
+                        "What does the documentation say about {s}?"],
+    },
+    "es": {
+        "prose_definition": ["¿Qué es {s}?", "¿Qué se entiende por {s}?"],
+        "prose_meaning": ["¿Qué significa {s}?", "¿A qué se refiere {s}?"],
+        "prose_purpose": ["¿Para qué se usa {s}?", "¿Para qué sirve {s}?"],
+        "prose_enables": ["¿Qué permite hacer {s}?", "¿Qué se puede hacer con {s}?"],
+        "prose_howto": ["¿Cómo se puede {t}?", "¿Qué hay que hacer para {t}?"],
+    },
+}
+
+
 def language_of(lang: str | None) -> str:
     return lang if lang in WORDINGS else "en"
 
 
 def ask(kind: str, lang: str, seed: int, key: str, **parts: str) -> str:
     """One wording of a `kind` question in `lang`, chosen by a stable hash of (seed, kind, key)."""
-    options = WORDINGS[language_of(lang)][kind]
+    table = PROSE_WORDINGS if kind.startswith("prose_") else WORDINGS
+    options = table[lang if lang in table else "en"][kind]
     choice = xxhash.xxh64_intdigest(f"{kind}\0{key}".encode(), seed=seed & 0xFFFFFFFFFFFFFFFF) % len(options)
     return options[choice].format(**parts)
 

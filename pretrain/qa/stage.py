@@ -271,6 +271,17 @@ def markdown(report: dict[str, Any]) -> str:
         ("Pairs by kind (qtype)", ["kind", "train", "held-out"], kinds),
         ("Skipped, and why", ["reason", "count"], skipped or [["nothing skipped", "0"]]),
     ]
+    teacher = report["details"].get("teacher")
+    if teacher:
+        tables.append((f"Teacher ({teacher['teacher']}): {teacher['chunks']:,} chunks ({teacher['cached']:,} from the "
+                       f"cache), {teacher['proposed']:,} pairs proposed, {teacher['kept']:,} kept", ["rejected because",
+                       "pairs"], [[why, f"{n:,}"] for why, n in teacher["rejected"].items()] or [["nothing", "0"]]))
+        tables.append(("Teacher: rejected samples", ["question", "answer", "evidence", "why"],
+                       [[r.get("question", ""), _excerpt(r.get("answer", r.get("reply", ""))),
+                         _excerpt(r.get("evidence", "")), r["reason"]] for r in teacher["rejected_samples"]]))
+        tables.append(("Teacher: kept samples", ["question", "answer", "evidence"],
+                       [[k["question"], _excerpt(k["answer"]), _excerpt(k["source"]["teacher_evidence"])]
+                        for k in teacher["kept_samples"]]))  # fmt: skip
     for kind, rows in report["samples"].items():
         tables.append((f"Samples: {kind}", ["question", "answer", "from"],
                        [[s["question"], _excerpt(s["answer"]), _origin(s["source"])] for s in rows]))  # fmt: skip
