@@ -101,13 +101,14 @@ def visible_text(root: Any | None) -> str:
 
 
 def sized_text(root: Any | None) -> str:
-    """What a page's size is estimated on (the split, the sections): its visible text less the text of its links,
-    which is how menus, tables of contents and indexes are made; a link inside prose loses a word or two."""
+    """What a page's size is estimated on (the split, the sections): the visible text of its body less the text of
+    its links, which is how menus, tables of contents and indexes are made; a link inside prose loses a word or two."""
     if root is None:
         return ""
     for link in list(root.iter("a")):
         link.drop_tree()  # keeps its tail: the prose after the link
-    return visible_text(root)
+    body = root.find("body")
+    return visible_text(body if body is not None else root)
 
 
 def extract_html(html: str | Any | None, favor: Literal["precision", "recall"] = "precision") -> str | Drop:

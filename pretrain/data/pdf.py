@@ -36,6 +36,7 @@ BULLET = re.compile(r"^\s*([•◦▪‣●○■□–—*-]|\(?\d{1,2}[.)]|\(?
 SCANNED_SHARE = 0.9  # a document with no text on this share of its pages is a scan
 RUNNING_MIN_PAGES, RUNNING_MIN_SHARE = 3, 0.05  # a top or bottom line on this many pages (and share) is furniture
 RUNNING_EDGE = 2  # lines looked at at each edge of a page
+PAGE_NUMBERS = frozenset({"0", "- 0 -", "page 0", "0 / 0", "page 0 of 0"})  # masked: a bare page number
 HEADING_SIZE = 1.15  # a line this much larger than the body text is a heading
 # Lines of a paragraph sit ~1.2 font sizes apart (baseline to baseline); paragraphs ~1.7 (the Debian Reference
 # PDFs, dblatex): a gap above 1.45 sizes starts a new paragraph.
@@ -160,7 +161,8 @@ def _font(obj: Any, c: Any) -> tuple[bool, bool]:
     """(monospace, bold) of a text object's font: the FixedPitch flag or a monospace name; weight or a bold name."""
     font = c.FPDFTextObj_GetFont(obj)
     buf = ctypes.create_string_buffer(256)
-    name = buf.raw[: max(c.FPDFFont_GetBaseFontName(font, buf, 256) - 1, 0)].decode("utf-8", "replace")
+    length = c.FPDFFont_GetBaseFontName(font, buf, 256)  # fills buf: read it after the call
+    name = buf.raw[: max(length - 1, 0)].decode("utf-8", "replace")
     flags = c.FPDFFont_GetFlags(font)
     mono = bool(flags & 1) or bool(MONOSPACE.search(name))
     bold = c.FPDFFont_GetWeight(font) >= 600 or bool(re.search(r"bold|black|heavy", name, re.I))
@@ -174,29 +176,35 @@ def _font(obj: Any, c: Any) -> tuple[bool, bool]:
 def remove_running_lines(pages: list[list[Line]]) -> list[int]:
     """Drop the running headers and footers (and bare page numbers) of every page; the characters removed per page.
 
-    A candidate is set no larger than the body text (a chapter's opening heading also recurs at the top of pages,
-    "Chapter 1", "Chapter 2", but is set large)."""
+    The candidates of a page are its edge lines: the first and last RUNNING_EDGE lines as PDFium orders them (the
+    content stream's order, which may put a footer first) and its topmost and bottommost lines on the page. One
+    is furniture when, digits and roman numerals masked, it is a candidate on several pages (RUNNING_MIN_PAGES, and
+    RUNNING_MIN_SHARE of a long document), or is a bare page number. A line set larger than the body text never is
+    (a chapter's opening heading recurs at the top of pages too: "Chapter 1", "Chapter 2")."""
     body = _body_size(pages)
 
-    def key(line: Line) -> str:
+    def key(line: Line) -> str | None:
         if line.size > body * 1.05:
-            return "\0heading"  # never furniture
+            return None
         return re.sub(r"\d+|\b[ivxlc]+\b", "0", line.text.lower())
 
-    edges: Counter[str] = Counter()
-    for lines in pages:
-        edges.update({key(x) for x in lines[:RUNNING_EDGE] + lines[-RUNNING_EDGE:]})
-    least = max(RUNNING_MIN_PAGES, RUNNING_MIN_SHARE * len(pages))
+    candidates = [_edge_lines(lines) for lines in pages]
+    counts = Counter(k for page, edge in zip(pages, candidates, strict=True) for k in {key(page[i]) for i in edge})
+    least = max(min(RUNNING_MIN_PAGES, len(pages)), RUNNING_MIN_SHARE * len(pages), 2)
     removed = []
-    for lines in pages:
-        chars = 0
-        for at in (0, -1):  # peel the top, then the bottom
-            for _ in range(RUNNING_EDGE):
-                k = key(lines[at]) if lines else "\0heading"
-                if k != "\0heading" and (edges[k] >= least or k in ("0", "- 0 -", "page 0")):
-                    chars += len(lines.pop(at).text) + 1
-        removed.append(chars)
+    for lines, edge in zip(pages, candidates, strict=True):
+        drop = {i for i in edge if (k := key(lines[i])) is not None and (counts[k] >= least or k in PAGE_NUMBERS)}
+        removed.append(sum(len(lines[i].text) + 1 for i in drop))
+        lines[:] = [x for i, x in enumerate(lines) if i not in drop]
     return removed
+
+
+def _edge_lines(lines: list[Line]) -> set[int]:
+    if not lines:
+        return set()
+    n = len(lines)
+    by_height = sorted(range(n), key=lambda i: lines[i].baseline)
+    return {*range(min(RUNNING_EDGE, n)), *range(max(n - RUNNING_EDGE, 0), n), by_height[0], by_height[-1]}
 
 
 def remove_contents_pages(pages: list[list[Line]]) -> list[int]:

@@ -23,6 +23,7 @@ from forge import render
 from forge.config import ForgeConfig
 from forge.io import atomic_path, atomic_write_json, atomic_write_text
 from pretrain.data.splits import TOKENS_PER_WORD, est_tokens
+from pretrain.data.words import segmenter_name
 
 LARGEST_PER_RULE = 5
 EXCERPT_CHARS = 300
@@ -177,7 +178,8 @@ def write(out: Path, stats: Stats, splits: dict[str, Any], cfg: ForgeConfig, spl
             "token_ids_uint32_bytes": tokens * 4,
         },
         "by_format": {k: dict(v) for k, v in sorted(stats.by_format.items())},
-        "by_language": {k: dict(v) for k, v in sorted(stats.by_language.items(), key=lambda kv: -kv[1]["kept_chars"])},
+        "by_language": {k: {**v, "words": segmenter_name(k)}
+                        for k, v in sorted(stats.by_language.items(), key=lambda kv: -kv[1]["kept_chars"])},
         "unreadable": stats.unreadable,
         "scanned": [u["id"] for u in stats.unreadable if u["rule"] == "scanned"],
         "largest_dropped": largest,
@@ -297,11 +299,11 @@ def format_markdown(data: dict[str, Any]) -> list[str]:
     for fmt, f in data["by_format"].items():
         lines.append(f"| {fmt} | {f.get('documents', 0):,} | {f.get('sections', 0):,} | "
                      f"{f.get('kept_sections', 0):,} | {f.get('kept_chars', 0):,} |")  # fmt: skip
-    lines += ["", "| language | sections kept | chars kept | est. tokens kept | sections dropped |",
-              "|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines += ["", "| language | sections kept | chars kept | est. tokens kept | sections dropped | words found by |",
+              "|---|---:|---:|---:|---:|---|"]  # fmt: skip
     for lang, f in data["by_language"].items():
-        lines.append(f"| {lang} | {f.get('kept_sections', 0):,} | {f.get('kept_chars', 0):,} | "
-                     f"{f.get('kept_est_tokens', 0):,} | {f.get('dropped_sections', 0):,} |")  # fmt: skip
+        counts = [f"{f.get(k, 0):,}" for k in ("kept_sections", "kept_chars", "kept_est_tokens", "dropped_sections")]
+        lines.append(f"| {lang} | {' | '.join(counts)} | {f['words']} |")
     if data["scanned"]:
         listed = ", ".join(f"`{i}`" for i in data["scanned"][:50])
         lines += ["", f"**Scanned PDFs** ({len(data['scanned'])}): no text layer to read; OCR (e.g. `ocrmypdf "

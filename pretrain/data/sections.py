@@ -30,6 +30,7 @@ from typing import Any
 from pretrain.data.splits import est_tokens
 
 SOFT = 7  # the level of a paragraph boundary: a place to cut by size, never a heading
+MIN_SHARE = 0.1  # a chapter's opening shorter than this share of the limit (its title alone) stays with what follows
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def plan(bounds: list[Boundary], max_tokens: int) -> list[tuple[int, int]]:
     """Consecutive [first, end) ranges of boundaries, each at most `max_tokens` where a cut allows it.
 
     Forced cuts before every top-level heading (the shallowest level that occurs at least twice: a lone title
-    heading is not a chapter). Past the limit, the cut goes back to the last heading that leaves the section at
+    heading is not a chapter), unless what comes before is only a title (under MIN_SHARE of the limit). Past the limit, the cut goes back to the last heading that leaves the section at
     least half full, else it falls at the boundary where the limit was crossed."""
     levels = [b.level for b in bounds if 1 <= b.level < SOFT]
     top = min((lvl for lvl in set(levels) if levels.count(lvl) >= 2), default=0)
@@ -101,7 +102,7 @@ def plan(bounds: list[Boundary], max_tokens: int) -> list[tuple[int, int]]:
     first, size = 0, bounds[0].tokens
     for i in range(1, len(bounds)):
         b = bounds[i]
-        if size > 0 and (b.level == top or size + b.tokens > max_tokens):
+        if size > 0 and ((b.level == top and size >= max_tokens * MIN_SHARE) or size + b.tokens > max_tokens):
             cut_at = i
             if b.level != top:
                 cut_at = _last_heading(bounds, first, i, max_tokens // 2)
@@ -238,6 +239,9 @@ def html_boundaries(html: str) -> tuple[list[str], list[Boundary], str]:
         bounds.append(Boundary(sum(len(p) for p in pieces), level, heading, sizes[k + 1] if k + 1 < len(sizes) else 0))
     pieces.append(markup[last:])
     bounds.insert(0, Boundary(0, 0, "", sizes[0]))
+    if len(bounds) > 1 and sizes[0] == 0:  # nothing before the first heading: the page starts with it
+        pieces[:2] = [pieces[0] + pieces[1]]
+        bounds[:2] = [Boundary(0, bounds[1].level, bounds[1].heading, bounds[1].tokens)]
     return pieces, bounds, head
 
 

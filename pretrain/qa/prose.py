@@ -58,7 +58,8 @@ CODE = r"(?:`[^`]+`|--?[A-Za-z][\w-]*(?:=\S+)?|[A-Za-z_][\w-]*(?:[._:][\w*<>-]+)
 NOUNS = r"(?:command|option|flag|setting|variable|directive|function|method|file|program|tool|utility|package" \
         r"|module|library|hook|parameter|field|key|macro|class|type|clause|statement|keyword|header|protocol|format)"
 # "the git-push command", "the core.editor setting": a name, then the kind of thing it is
-NAMED = rf"(?:the )?(?:{CODE}|(?!(?:the|a|an|this|that|each|every|any|some|its|their|your)\b)[a-z][\w-]*) {NOUNS}"
+NAMED = rf"(?:[Tt]he )?(?:{CODE}|(?!(?:the|a|an|this|that|each|every|any|some|its|their|your)\b)[a-z][\w-]*" \
+        rf"(?: [a-z][\w.-]*)?) {NOUNS}"  # fmt: skip
 NP = r"(?:[A-Za-z][\w'-]*)(?: [A-Za-z][\w'-]*){0,4}?"
 SUBJECT = rf"(?P<s>{NAMED}|{CODE}|{NP})"
 TASK = r"(?P<t>[a-z][^,;:()]{5,90}?)"
@@ -71,7 +72,11 @@ who whom whose where when why how such same other another each every some any al
 nothing something anything everything above below following latter former so once if unless after before since
 while although because until then thus also only just not no very more less many few often usually always never
 sometimes can could will would should must may might is are was were be been being do does did has have had please
-see note""")
+see note cannot can't won't isn't aren't doesn't don't though nowadays currently therefore hence however instead
+otherwise""")
+# Imperatives that open a sentence ("Make sure ...", "Use ..."): never the first word of a subject.
+IMPERATIVES = _set("""make use set run see note try keep avoid let give take put do add remove show list create
+delete update check install specify pass call edit write read open close start stop enable disable""")
 PREPOSITIONS = _set("in on at for with from by of to into onto over under about as per via")
 GENERIC = _set("""command option file result output value argument name path script program function directory
 message list entry line default first second last thing way case example step problem answer information data rest
@@ -88,8 +93,16 @@ TOPIC = re.compile(rf"^(?:(?P<s>{NAMED}|{CODE}) (?:\w+ )?[a-z]+\b|(?P<n>(?:The |
                    r"should|may|has|have|does|do|lets|allows)\b|(?P<d>(?:The|An?) {NP}) (?:also |only )?[a-z]{3,}s\b)")
 MAX_TOPIC_SENTENCES, MAX_TOPIC_CHARS = 3, 600
 TOPIC_MIN_WORDS = 12  # a paragraph of one sentence answers "Tell me about X" only when it says this much
-THIS_SUBJECT = re.compile(r"^(?:This|The) (?:command|program|tool|utility|option|function|module|library|package|"
-                          r"script|manual page|page|document) (?!is\b|has\b|was\b|does\b)[a-z]{3,}s\b")  # fmt: skip
+THIS_SUBJECT = re.compile(r"^(?:This|The) (?:command|program|tool|utility|application|function|module|library|package|"
+                          r"script|manual page|page|document) (?:(?P<is>is an?)|(?!is\b|has\b|was\b|does\b)"
+                          r"[a-z]{3,}s)\b")  # fmt: skip
+# A document's first sentence in the imperative (a man page's summary: "Show information about files in the index.")
+SUMMARY = re.compile(r"^(?:Show|List|Add|Create|Remove|Delete|Update|Record|Read|Write|Print|Compute|Compare|Apply|"
+                     r"Convert|Send|Receive|Download|Upload|Manage|Move|Copy|Rename|Check|Verify|Find|Search|Display|"
+                     r"Install|Run|Start|Stop|Set|Get|Produce|Generate|Build|Extract|Import|Export|Join|Merge|Split|"
+                     r"Prepare|Prune|Pack|Count|Reset|Restore|Switch|Clone|Fetch|Push|Pull|Summarize|Edit|Mark|Test|"
+                     r"Provide|Manipulate|Inspect|Lock|Unlock|Encrypt|Decrypt|Sign|Open|Close|Parse|Format)"
+                     r" (?:the |a |an |all |one |files?|information|changes?|objects?|[a-z])")  # fmt: skip
 
 
 def is_code(subject: str) -> bool:
@@ -98,11 +111,13 @@ def is_code(subject: str) -> bool:
 
 def good_subject(subject: str) -> bool:
     """A name, or 1-5 words naming something out of context (no pronoun, no clause, not only generic words)."""
-    if is_code(subject) or re.fullmatch(NAMED, subject, re.I):
+    if is_code(subject) or re.fullmatch(NAMED, subject):
         return True
     words = [w.lower() for w in subject.split()]
     if not 1 <= len(words) <= 5 or any(w in NOT_SUBJECT_WORDS for w in words) or words[0] in PREPOSITIONS:
         return False
+    if len(words) > 1 and subject[:1].isupper() and words[0] in IMPERATIVES:
+        return False  # "Make sure committers": an instruction, not a thing
     if all(w in GENERIC or w.rstrip("s") in GENERIC for w in words) or words[-1] in ("of", "for", "and", "or", "to",
                                                                                     "in", "with", "the", "a"):
         return False
@@ -168,8 +183,15 @@ PATTERNS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
         ("prose_howto", re.compile(rf"^You can (?:also |easily |simply )?{TASK} (?:by (?:using|running|setting|"
                                    r"passing|adding|typing|calling|editing)|with|using) \S")),  # fmt: skip
         ("prose_howto", re.compile(rf"^Use (?!\w+ing\b)(?P<x>\S+(?: \S+){{0,3}}?) to {TASK}\.$")),
-        ("prose_condition", re.compile(rf"^(?P<w>If|When) (?P<t>[^,;]{{8,90}}), (?:then )?(?P<s>{NAMED}|{CODE}) "
-                                       r"(?:also |only |then |will |does not |do not |can |cannot |never )?[a-z]+")),
+        ("prose_condition", re.compile(rf"^(?P<w>If|When|Unless|After|Before|Once|In case of) (?P<t>[^,;]{{6,90}}), "
+                                       rf"(?:then )?(?P<s>{NAMED}|{CODE}|Git) (?:also |only |then |will |does not |"
+                                       r"do not |can |cannot |never |first )?(?!is\b|are\b|was\b|were\b)[a-z]+")),
+        ("prose_option_condition", re.compile(rf"^(?P<w>If|When) (?P<t>[^,;]*?(?<![\w-]){CODE}[^,;]{{0,60}}), "
+                                              rf"(?:then )?(?:the|a|an|all|no|each|any|only|its|their|Git|git|"
+                                              rf"{CODE}) ")),  # a statement of what happens, not an instruction
+        ("prose_how", re.compile(rf"^{SUBJECT} (?P<aux>is|are) (?:\w+ly )?(?P<p>[a-z]+ed|set|built|chosen|given|run|"
+                                 r"written|shown|made|taken|found|read|sent|kept|signaled|signalled) (?:by|with|using|"
+                                 r"through|via|from) \S")),  # fmt: skip
         ("prose_definition", re.compile(rf"^{SUBJECT} (?:is|are) (?:an?|one of the) (?!(?:{'|'.join(EVALUATIVE)})\b)"
                                         r"[\w-]+ \S")),  # fmt: skip
         ("prose_behaviour", re.compile(rf"^(?P<s>{NAMED}|{CODE}) (?!is\b|are\b|has\b|was\b|as\b)(?:also |only |"
@@ -205,12 +227,13 @@ def mine(text: str, lang: str = "en", seed: int = 0, subject: str | None = None)
     out: list[Mined] = []
     seen: set[tuple[str, str]] = set()
     proper = proper_nouns(text)
-    for paragraph in re.split(r"\n\s*\n", text):
+    for number, paragraph in enumerate(re.split(r"\n\s*\n", text)):
         found = sentences(paragraph)
         for i, sentence in enumerate(found):
             if not is_prose(sentence):
                 continue
-            made = _about_the_document(sentence, subject, lang, seed) or _pair(sentence, lang, seed, proper)
+            made = _about_the_document(sentence, number == i == 0, subject, lang, seed)
+            made = made or _pair(sentence, lang, seed, proper)
             if made is None and i > 0:
                 made = _continued(found[i - 1], sentence, lang, seed, proper)
             if made is None:
@@ -290,9 +313,9 @@ def _pair(sentence: str, lang: str, seed: int, proper: frozenset[str]) -> tuple[
                      or task.split()[0] in NOT_SUBJECT_WORDS):  # "sometimes come up with ...": no task
             continue
         parts = {"s": shown(subject, proper), "be": be(subject) if subject else "is", "t": task}
-        if kind == "prose_location":
+        if kind in ("prose_location", "prose_how"):
             parts |= {"aux": m.group("aux"), "p": m.group("p")}
-        if kind == "prose_condition":
+        if kind in ("prose_condition", "prose_option_condition"):
             parts["w"] = m.group("w").lower()
             task = f"{m.group('w').lower()} {task}"
         question = questions.ask(kind, lang, seed, (subject or task).lower(), **parts)
@@ -300,12 +323,20 @@ def _pair(sentence: str, lang: str, seed: int, proper: frozenset[str]) -> tuple[
     return None
 
 
-def _about_the_document(sentence: str, subject: str | None, lang: str, seed: int) -> tuple[Mined, str] | None:
-    """"This command removes ..." in a document about `git gc`: What does `git gc` do?"""
-    if not subject or lang != "en" or not THIS_SUBJECT.match(sentence):
+def _about_the_document(sentence: str, first: bool, subject: str | None, lang: str,
+                        seed: int) -> tuple[Mined, str] | None:  # fmt: skip
+    """"This command removes ..." or, as its first sentence, "Remove unreachable objects." in a document about
+    `git gc`: What does `git gc` do? ("This tool is a ...": What is `git gc`?)"""
+    if not subject or lang != "en":
         return None
-    question = questions.ask("prose_behaviour", lang, seed, subject.lower(), s=shown(subject))
-    return Mined(question, sentence, "prose_behaviour"), subject
+    m = THIS_SUBJECT.match(sentence)
+    if m is None and not (first and SUMMARY.match(sentence)):
+        return None
+    kind = "prose_definition" if m and m.group("is") else "prose_behaviour"
+    question = questions.ask(kind, lang, seed, subject.lower(), s=shown(subject), be="is")
+    if kind == "prose_behaviour":
+        question = f"What does {shown(subject)} do?"  # the wording that fits a summary in the imperative
+    return Mined(question, sentence, kind), subject
 
 
 def _good_es(subject: str) -> bool:

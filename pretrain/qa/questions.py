@@ -222,6 +222,8 @@ PROSE_WORDINGS: dict[str, dict[str, list[str]]] = {
         "prose_location": ["Where {aux} {s} {p}?"],
         "prose_howto": ["How do I {t}?", "How can I {t}?", "What should I do to {t}?"],
         "prose_condition": ["What does {s} do {w} {t}?", "How does {s} behave {w} {t}?"],
+        "prose_option_condition": ["What happens {w} {t}?"],
+        "prose_how": ["How {aux} {s} {p}?"],
         "prose_behaviour": ["What does {s} do?", "What is the effect of {s}?"],
         "prose_topic": ["What should I know about {s}?", "Tell me about {s}.",
                         "What does the documentation say about {s}?"],
