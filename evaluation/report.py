@@ -7,8 +7,9 @@ eval.json (format "forge-eval/2"):
   reference   {"path", "sha256", "tokenizer"} of the reference model (eval.reference, model.init_from's base for a
               continued-pretraining run, the base of a fine-tune), or null
   data        what was measured: test_text_sha256 (sha256 of the test shards' "name sha256" listing, see
-              evaluation/text.py), test_shards (each shard's sha256 as the data stage recorded it), test_documents,
-              test_bytes, qa_sha256 (the held-out Q&A file's sha256), qa_source
+              evaluation/text.py), test_shards (each shard's sha256 as the data stage recorded it), test_items (the
+              pieces of test text scored, evaluation/text.py), test_item_bytes (their largest size), test_bytes,
+              qa_sha256 (the held-out Q&A file's sha256), qa_source
   passed      false if any red flag failed, else true (flags that could not run, passed=null, do not count)
   metrics     one entry per metric: {"name", "value", "higher_is_better", "group", "artifact_sha256",
               "random_init" (the same metric for a random-init model of the same shape, when measured),
@@ -27,8 +28,8 @@ eval.json (format "forge-eval/2"):
   items       per item, what the gate's intervals and paired comparisons are computed from (registry/gate.py):
               lists as long as their ids, mc {ids, correct, correct_norm, correct_pmi} and its chance (one number),
               qa {ids, f1, exact_match}, text {ids, bytes, bits, bits_random_init, bits_unigram, bits_reference}
-              (one entry per test document). ids are sha256 prefixes of the question, answer and choices (of the
-              document's text), so two evaluations of the same items pair up
+              (one entry per test item). ids are sha256 prefixes of the question, answer and choices (of the item's
+              text), so two evaluations of the same items pair up
 """
 
 from __future__ import annotations
@@ -226,8 +227,8 @@ def sections(report: dict[str, Any], plots: list[str]) -> list[tuple[str, list[s
     tok, data = report["tokenizer"], report["data"]
     summary = [["artifact", art["path"]], ["kind", art["kind"]], ["sha256", art["sha256"]],
                ["tokenizer", f"{tok['name']} ({tok['vocab_size']} tokens, sha256 {tok['sha256'][:16]})"],
-               ["test text", f"{data['test_documents']} documents, {data['test_bytes']} bytes, "
-                             f"sha256 {data['test_text_sha256'][:16]}"],
+               ["test text", f"{data['test_items']} items of at most {data['test_item_bytes']} bytes "
+                             f"({data['test_bytes']} in all), sha256 {data['test_text_sha256'][:16]}"],
                ["held-out Q&A", f"{data['qa_source']} (sha256 {data['qa_sha256'][:16]})"],
                ["prompting", prompting], ["red flags", verdict]]  # fmt: skip
     domain = [

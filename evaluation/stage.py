@@ -197,16 +197,16 @@ def evaluate(
     train = train_text(cfg)
     records = load_qa(cfg, qa_source)
     atomic_write_jsonl(stage.dir / "qa_eval.jsonl", records)
-    data = {"test_text_sha256": test.sha256, "test_shards": test.shards, "test_documents": len(test.documents),
-            "test_bytes": test.bytes, "qa_sha256": hash_inputs({"qa": qa_source})["qa"],
-            "qa_source": str(qa_source)}  # fmt: skip
+    data = {"test_text_sha256": test.sha256, "test_shards": test.shards, "test_items": len(test.documents),
+            "test_item_bytes": cfg.eval.text_item_bytes, "test_bytes": test.bytes,
+            "qa_sha256": hash_inputs({"qa": qa_source})["qa"], "qa_source": str(qa_source)}  # fmt: skip
 
     backend = open_model(model)
     try:
         chat = is_chat_model(backend) if ecfg.chat is None else ecfg.chat
         if ecfg.chat is None and backend.kind == "gguf" and reference is not None and reference.is_dir():
             chat = bool(backend.chat_template) and not (reference / "forge_pretrain.json").is_file()  # its source
-        log.info("eval: %s (%s, %s model), %d test documents (%d bytes), %d held-out Q&A", model, backend.kind,
+        log.info("eval: %s (%s, %s model), %d test items (%d bytes), %d held-out Q&A", model, backend.kind,
                  "chat" if chat else "base", len(test.documents), test.bytes, len(records))  # fmt: skip
         window, stride = score_window(backend, ecfg.ppl_window, ecfg.ppl_stride)
         questions = eval_items(cfg, records, chat)

@@ -38,6 +38,7 @@ the merged model differs from the trained quantized-base + adapter by the base's
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
 import shutil
@@ -189,6 +190,16 @@ def rendered_lengths(tokenizer: Any, conversations: list[list[dict[str, str]]]) 
         return []
     texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in conversations]
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def budget_line(steps: int, trainer: Any, examples: int) -> str:
+    """How much of the Q&A set the budget covers: sft.max_steps is often a small fraction of one epoch."""
+    per_step = trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps * max(
+        trainer.args.world_size, 1)  # fmt: skip
+    if steps <= 0:
+        steps = -(-examples // per_step) * math.ceil(trainer.args.num_train_epochs)
+    return (f"{steps:,} steps x {per_step} examples = {steps * per_step / max(examples, 1):.2f} epochs of the "
+            f"{examples:,} train pairs")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -426,6 +437,7 @@ def _sft(stage: Stage, qa: QASet) -> dict[str, float]:
         total = sum(p.numel() for p in trainer.model.parameters())
         log.info("sft: %s mode, %d examples, %s of %s parameters trainable", s.mode, len(train), f"{trainable:,}",
                  f"{total:,}")  # fmt: skip
+        log.info("sft: %s", budget_line(trainer.state.max_steps or trainer.args.max_steps, trainer, len(train)))
         result = trainer.train()
         # ---- export
         export(trainer, base, stage.dir, s.mode)

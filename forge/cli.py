@@ -112,7 +112,11 @@ def plan_verb(
 ) -> None:  # fmt: skip
     """Parameters, token budget, memory per GPU, OOM verdict, time and disk: before anything runs."""
     manifest = run_verb("plan", config, set_, run, force, hardware=hardware)
-    typer.echo(json.dumps(manifest["plan"], indent=2) if as_json else manifest["plan_text"].rstrip("\n"))
+    evidence = run_verb("evidence", config, set_, run, force)  # an error naming the setting when the gate's
+    if as_json:  # evidence cannot be collected
+        typer.echo(json.dumps({**manifest["plan"], "evidence": evidence}, indent=2))
+    else:
+        typer.echo(manifest["plan_text"].rstrip("\n") + "\n\n" + STAGES["evidence"].call("render")(evidence))
 
 
 DEDICATED_VERBS |= {"data"}

@@ -453,8 +453,12 @@ class EvalConfig(Section):
 
     ppl_window: int | None = None  # tokens; None: each model's own context length
     ppl_stride: int | None = None  # None: half the window
-    # UTF-8 bytes of test text scored (whole documents in order); the same text for every model, whatever its tokenizer
-    max_test_bytes: int | None = Field(800_000, ge=1)
+    # Bits per byte is scored on items of test text: every test document cut into pieces of at most text_item_bytes
+    # (at a paragraph, line or word), text_items of them drawn by a stable hash of their text. Every model reads the
+    # same pieces through its own tokenizer, so two evaluations pair up item by item; the gate's bits-per-byte rules
+    # need registry min_items (30) of them, and a few long documents give as many as many short ones.
+    text_items: int = Field(200, ge=1)
+    text_item_bytes: int = Field(1024, ge=64)
     qa_max_examples: int = Field(200, ge=1)  # held-out Q&A pairs answered by generation (the slow part)
     mc_max_examples: int = Field(1000, ge=1)  # multiple-choice items: cheap to score, and 200 leave +-0.03 of noise
     mc_choices: int = Field(4, ge=2)
@@ -489,6 +493,17 @@ class EvalConfig(Section):
     max_degenerate_rate: float = 0.5  # incoherence: share of degenerate generations allowed at low perplexity
     incoherence_ppl_ratio: float = Field(1.0, gt=0)  # "low perplexity": bits per byte below this x the unigram's
     max_uniform_ppl_ratio: float = Field(0.5, gt=0)  # untrained: test perplexity / vocabulary size at or above it
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bytes_became_items(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "max_test_bytes" in data:
+            raise ValueError(
+                f"eval.max_test_bytes={data['max_test_bytes']!r}: the test text is now scored as items (the gate "
+                "judges each rule on at least registry min_items of them); use eval.text_items (how many) and "
+                "eval.text_item_bytes (the largest item), e.g. --set eval.text_items=100"
+            )
+        return data
 
 
 # ----------------------------------------------------------------------------------------------------------------

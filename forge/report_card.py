@@ -146,7 +146,9 @@ def tables(card: dict[str, Any]) -> list[render.Table]:
               fmt(a.get("decode_tokens_per_s"))] for name, a in card["quantize"].items()]  # fmt: skip
     gate_rows = [[c["name"], c.get("result") or ("pass" if c["passed"] else "FAIL"), fmt(c.get("value")),
                   f"[{fmt(c['interval'][0])}, {fmt(c['interval'][1])}]" if c.get("interval") else "-", fmt(c.get("n")),
-                  fmt(c.get("limit")), c.get("detail", "")] for c in (gate or {}).get("checks", [])]  # fmt: skip
+                  fmt(c.get("limit")), c.get("detail", "") + (f" **What to change:** {c['advice']}" if c.get("advice")
+                                                              else "")]
+                 for c in (gate or {}).get("checks", [])]  # fmt: skip
     lineage = [[name, s.get("status") or "not run", (s.get("config_hash") or "")[:12],
                 ", ".join(f"{k} {v[:12]}" for k, v in (s.get("inputs") or {}).items()),
                 (s.get("git_commit") or "")[:10], fmt(s.get("duration_s"))]

@@ -53,6 +53,9 @@ STAGES: dict[str, StageSpec] = {
     for spec in [
         StageSpec("plan", "pretrain.plan:run", "parameters, token budget, memory per GPU, OOM verdict and time",
                   dirs=("plan",), files={"plan": "plan/plan.json"}),
+        StageSpec("evidence", "evaluation.evidence:check_run",
+                  "check that eval will give every gate rule its min_items, and what eval and SFT will cost",
+                  calls={"render": "evaluation.evidence:render"}),
         StageSpec("data", "pretrain.data.stage:run",
                   "ingest, split into train/val/test, clean, deduplicate, report what was removed",
                   dirs=("data",), files={"plot": "data/removed_by_filter.png", "report": "data/report.json"}),
@@ -92,10 +95,14 @@ STAGES: dict[str, StageSpec] = {
 }  # fmt: skip
 
 # The pipeline: (stage, options). eval runs twice, on the pretrained and on the fine-tuned model.
+# evidence runs twice: on the settings alone first, then with the held-out pairs and test text counted, before the
+# tokenizer and training (it is a check, never skipped: what it reads may have changed).
 PIPELINE: list[tuple[str, dict[str, Any]]] = [
     ("plan", {}),
+    ("evidence", {}),
     ("data", {}),
     ("qa", {}),
+    ("evidence", {}),
     ("tokenizer", {}),
     ("pretrain", {}),
     ("eval", {"target": "pretrain"}),

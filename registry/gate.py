@@ -14,11 +14,11 @@ Policy file (format "forge-gate/2"; see configs/policies/gate.yaml):
   quality       rules about the domain, each a comparison with uncertainty (registry/stats.py):
                   above_chance   accuracies whose Wilson lower bound must be above chance (1 / choices)
                   beats_floors   random_init, unigram: the candidate's bits per byte must be below each floor's, at
-                                 the upper bound of a paired bootstrap over the test documents
+                                 the upper bound of a paired bootstrap over the test items
                   beats_base     for a fine-tune: per-pair metrics (qa_f1) whose paired-bootstrap lower bound over
                                  the held-out pairs, fine-tune minus the model it was fine-tuned from, is above 0
                   beats_init_from  for a run continued from a base (model.init_from): bits_per_byte of the continued
-                                 model below the base's own on the same test documents (paired bootstrap), read from
+                                 model below the base's own on the same test items (paired bootstrap), read from
                                  the eval of the continued model (a fine-tune's stored base eval)
   metrics       {metric: {min, max}}: plain thresholds on eval.json metrics (none shipped)
   red_flags     required (names that must be present), allow_not_run (flags whose passed=null is accepted);
@@ -33,126 +33,15 @@ artifacts stored with the version; the eval reports measured the run's own test 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
 from evaluation.report import FORMAT as EVAL_FORMAT
-from forge import ForgeError
+from forge.policy import FLOORS, FORMAT, ITEM_FIELDS, MetricRule, Policy, load_policy  # noqa: F401 - its file
+from registry.advice import advice
 from registry.stats import Interval, paired_bootstrap, wilson_interval
-
-FORMAT = "forge-gate/2"
-# A metric the gate can compare item by item: eval.json's items[task][field] (evaluation/report.py).
-ITEM_FIELDS = {
-    "mc_acc": ("mc", "correct"), "mc_acc_norm": ("mc", "correct_norm"), "mc_acc_pmi": ("mc", "correct_pmi"),
-    "qa_f1": ("qa", "f1"), "qa_exact_match": ("qa", "exact_match"), "bits_per_byte": ("text", "bits"),
-}  # fmt: skip
-FLOORS = ("random_init", "unigram")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class MetricRule(_Strict):
-    min: float | None = None
-    max: float | None = None
-
-
-class QualityRule(_Strict):
-    above_chance: list[str] = []
-    beats_floors: list[str] = []
-    beats_base: list[str] = []
-    beats_init_from: list[str] = []
-
-    @model_validator(mode="after")
-    def _known(self) -> QualityRule:
-        allowed = {"above_chance": [m for m, f in ITEM_FIELDS.items() if f[0] == "mc"], "beats_floors": list(FLOORS),
-                   "beats_base": [m for m, f in ITEM_FIELDS.items() if f[0] != "text"],
-                   "beats_init_from": [m for m, f in ITEM_FIELDS.items() if f[0] == "text"]}  # fmt: skip
-        problems = [f"{rule}: unknown {bad}, use {allowed[rule]}" for rule in allowed
-                    if (bad := [m for m in getattr(self, rule) if m not in allowed[rule]])]  # fmt: skip
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
-
-
-class RedFlagRule(_Strict):
-    required: list[str] = []
-    allow_not_run: list[str] = []
-
-
-class QuantRule(_Strict):
-    required: list[str] = []
-    max_ppl_drift_vs_f16: dict[str, float] = {}
-    max_ppl_drift: dict[str, float] = {}
-
-
-class RegressionRule(_Strict):
-    tolerance: float = Field(0.0, ge=0)  # in the metric's own units: how much worse is not yet a regression
-
-
-class Policy(_Strict):
-    format: str = FORMAT
-    confidence: float = Field(0.95, gt=0.5, lt=1)
-    bootstrap_resamples: int = Field(2000, ge=200)
-    min_items: int = Field(30, ge=1)  # fewer items (pairs, documents) than this fail a rule instead of deciding it
-    quality: QualityRule = QualityRule()
-    metrics: dict[str, MetricRule] = {}
-    red_flags: RedFlagRule = RedFlagRule()
-    quantization: QuantRule = QuantRule()
-    regression: dict[str, RegressionRule] = {}
-    sha256: str = ""  # of the policy file's bytes, filled by load_policy
-
-    @model_validator(mode="after")
-    def _format(self) -> Policy:
-        if self.format != FORMAT:
-            raise ValueError(
-                f"format={self.format!r}: this Forge reads {FORMAT!r} (quality rules with intervals); start from "
-                "configs/policies/gate.yaml"
-            )
-        return self
-
-    @field_validator("regression")
-    @classmethod
-    def _comparable(cls, value: dict[str, RegressionRule]) -> dict[str, RegressionRule]:
-        unknown = sorted(set(value) - set(ITEM_FIELDS))
-        if unknown:
-            raise ValueError(f"{unknown} cannot be compared item by item; use {sorted(ITEM_FIELDS)}")
-        return value
-
-
-def load_policy(path: str | Path) -> Policy:
-    """Read and validate a gate policy; ForgeError naming every problem."""
-    path = Path(path)
-    if not path.is_file():
-        raise ForgeError(
-            f"gate policy {path} not found; set registry.gate_policy (the repo ships configs/policies/gate.yaml)"
-        )
-    data = path.read_bytes()
-    try:
-        raw = yaml.safe_load(data) or {}
-    except yaml.YAMLError as exc:
-        raise ForgeError(f"gate policy {path} is not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ForgeError(f"gate policy {path} must be a mapping (format, quality, red_flags, quantization, regression)")
-    raw.pop("sha256", None)
-    try:
-        policy = Policy.model_validate(raw)
-    except ValidationError as exc:
-        problems = [
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
-        ]
-        raise ForgeError(f"invalid gate policy {path}: " + "; ".join(problems)) from None
-    policy.sha256 = hashlib.sha256(data).hexdigest()
-    return policy
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # evidence and checks
@@ -185,6 +74,7 @@ class Check:
     interval: list[float] | None = None  # [low, high] at the policy's confidence, where the rule has one
     n: int | None = None  # the items (documents, pairs) behind the value
     void: bool = False  # a comparison that could not be made honestly (shown, not failed)
+    advice: str = ""  # for a failing quality rule: lacked evidence (which setting) or fell short (the lever)
 
     @property
     def result(self) -> str:
@@ -218,6 +108,10 @@ def evaluate(policy: Policy, ev: Evidence) -> list[Check]:
         checks += _flag_checks(policy, ev.eval_report)
         checks += _regression_checks(policy, ev)
     checks += _quant_checks(policy, ev)
+    config = (ev.lineage or {}).get("config") or {}
+    sft = ((((ev.lineage or {}).get("stages") or {}).get("sft") or {}).get("metrics")) or {}
+    for c in checks:
+        c.advice = advice(c.name, c.passed, c.detail, _num(c.value), c.interval, config, sft)
     return checks
 
 
@@ -424,7 +318,7 @@ def _below_in_report(name: str, report: dict[str, Any] | None, other: str, detai
         return Check(name, False, None, None, str(exc))
     iv = _better_by(mine, theirs, "bits_per_byte", policy)
     bpb = sum(b for b, _ in theirs.values()) / sum(n for _, n in theirs.values())
-    return _interval_check(name, iv, "better", 0.0, f"{detail} ({bpb:.4g}) on the test documents", policy)
+    return _interval_check(name, iv, "better", 0.0, f"{detail} ({bpb:.4g}) on the test items", policy)
 
 
 def _beats_init_from(ev: Evidence, policy: Policy) -> Check:
@@ -584,6 +478,7 @@ def format_table(checks: list[Check], title: str = "") -> str:
         if i == 0:
             lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 6)
     verdict = "PASS" if passed(checks) else f"FAIL ({len(failing(checks))} failing: {', '.join(failing(checks))})"
+    lines += [f"what to change: {c.name}: {c.advice}" for c in checks if c.advice]
     lines.append(f"decision: {verdict}")
     return "\n".join(lines)
 
@@ -596,6 +491,11 @@ def tag_key(check: Check) -> str:
     """The MLflow tag of a check's row (tag keys allow letters, digits, _ - . / and spaces)."""
     name = check.name.replace(":", ".").replace(">", " above ").replace("<", " below ")
     return "forge.gate.check." + re.sub(r"[^\w.\-/ ]", "_", name)
+
+
+def advice_tag_key(check: Check) -> str:
+    """The MLflow tag holding a failing rule's advice."""
+    return tag_key(check).replace("forge.gate.check.", "forge.gate.advice.", 1)
 
 
 def tag_value(check: Check) -> str:

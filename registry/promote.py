@@ -135,6 +135,7 @@ def _record(cfg: ForgeConfig, client, d: Decision) -> None:
         "forge.gate.user": user,
     }
     tags |= {gate.tag_key(c): gate.tag_value(c)[:MAX_TAG] for c in d.checks}
+    tags |= {gate.advice_tag_key(c): c.advice[:MAX_TAG] for c in d.checks if c.advice}
     for key, value in tags.items():
         client.set_model_version_tag(d.name, d.version, key, value)
     event = {"action": "promote" if d.passed else "refuse", "version": d.version, "previous": d.previous,

@@ -355,7 +355,7 @@ def test_from_the_published_base_to_a_served_chat_answer(smollm2_gguf, tmp_path)
     (tmp_path / "gate.yaml").write_text(yaml.safe_dump(policy))
     quick = {"model.init_from": smollm2_gguf, "train.max_steps": 4, "train.checkpoint_every": 4,
              "train.eval_every": 4, "train.eval_batches": 2, "sft.max_steps": 8, "quantize.max_eval_tokens": 4000,
-             "eval.mc_max_examples": 30, "eval.max_test_bytes": 20000, "serve.port": port, "serve.ui_port": free_port(),
+             "eval.mc_max_examples": 30, "eval.text_items": 24, "serve.port": port, "serve.ui_port": free_port(),
              "registry.gate_policy": tmp_path / "gate.yaml"}  # fmt: skip
     sets = [arg for key, value in quick.items() for arg in ("--set", f"{key}={value}")]
     forge = str(Path(sys.executable).with_name("forge"))

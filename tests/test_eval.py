@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from evaluation import red_flags, tasks
+from evaluation.text import text_items
 from forge.config import EvalConfig, ForgeConfig, ModelConfig, TokenizerConfig
 from forge.hashing import sha256_file
 from pretrain.qa import stage as qa_stage
@@ -257,8 +258,8 @@ def test_metrics_by_question_type_are_reported_beside_the_headline():
                 "mc": {"mc_acc": 0.5, "mc_acc_norm": 0.5, "mc_acc_pmi": 0.5, "mc_chance": 0.25, "mc_examples": 4.0,
                        "mc_acc.members": 0.75, "mc_examples.members": 4.0}}  # fmt: skip
 
-    data = {"test_text_sha256": "2" * 64, "test_shards": {}, "test_documents": 3, "test_bytes": 300,
-            "qa_sha256": "3" * 64, "qa_source": "qa.jsonl"}  # fmt: skip
+    data = {"test_text_sha256": "2" * 64, "test_shards": {}, "test_items": 3, "test_item_bytes": 1024,
+            "test_bytes": 300, "qa_sha256": "3" * 64, "qa_source": "qa.jsonl"}  # fmt: skip
     report = build_eval(target="m", artifact_kind="hf", sha256="0" * 64, result=result(0.5), baseline=result(0.0),
                         flags=[], benchmarks=None, memorisation={"train": {"exact": 0.0}, "test": {"exact": 0.0}},
                         reference=None, data=data, document_ids=["d0"])  # fmt: skip
@@ -496,10 +497,11 @@ def test_two_models_with_different_tokenizers_are_scored_in_bits_per_byte_of_the
         stage_dir = next(isolated_runs.glob(f"main/eval-*{target.name}-*"))
         reports[name] = json.loads((stage_dir / "eval.json").read_text())
         metrics = {m["name"]: m for m in reports[name]["metrics"]}
-        expected = reference_bits_per_byte(target, world["test_docs"], 48, 16)
+        pieces = text_items(world["test_docs"], EvalConfig().text_item_bytes, EvalConfig().text_items)
+        expected = reference_bits_per_byte(target, pieces, 48, 16)
         assert abs(metrics["bits_per_byte"]["value"] - expected) < 1e-4, (name, metrics["bits_per_byte"], expected)
         details = metrics["bits_per_byte"]["details"]
-        assert details["bytes"] == sum(len(d.encode()) for d in world["test_docs"]) and details["window"] == 48
+        assert details["bytes"] == sum(len(d.encode()) for d in pieces) and details["window"] == 48
         assert metrics["perplexity"]["value"] == pytest.approx(np.exp(details["nll_nats"] / details["tokens"]))
         tok = reports[name]["tokenizer"]
         assert metrics["perplexity"]["tokenizer"] == metrics["perplexity_unigram"]["tokenizer"] == tok
@@ -510,6 +512,32 @@ def test_two_models_with_different_tokenizers_are_scored_in_bits_per_byte_of_the
     assert reports["trained"]["data"] == reports["trained_320"]["data"]
     ids = [{m["name"]: m for m in r["metrics"]}["bits_per_byte"]["details"]["tokens"] for r in reports.values()]
     assert ids[0] < ids[1]  # more ids for the smaller vocabulary, over the same bytes
+
+
+def test_a_few_long_documents_give_the_gate_enough_items_paired_across_tokenizers(world, isolated_runs, tmp_path):
+    """Three long test documents are scored as pieces of at most eval.text_item_bytes: every rule gets min_items
+    (30) items, and two models with different tokenizers read the same byte ranges, so the gate pairs them."""
+    from evaluation.stage import run
+    from forge.policy import load_policy
+    from registry import gate
+
+    use_runs(world, isolated_runs)
+    long_docs = ["\n\n".join(documents(12, seed)) for seed in (21, 22, 23)]  # ~3 x 4 kB
+    write_data_stage(isolated_runs, "long", {"train": documents(40, 1), "val": documents(5, 2), "test": long_docs})
+    shutil.copytree(isolated_runs / "main" / "tokenizer", isolated_runs / "long" / "tokenizer")
+    cfg = small_cfg("long", tmp_path, ppl_window=48, ppl_stride=16, text_item_bytes=256)
+    items = {}
+    for name in ("trained", "trained_320"):
+        run(cfg, target=str(world["models"][name]))
+        stage_dir = next(isolated_runs.glob(f"long/eval-*{world['models'][name].name}-*"))
+        items[name] = json.loads((stage_dir / "eval.json").read_text())["items"]["text"]
+    a, b = items["trained"], items["trained_320"]
+    assert len(a["ids"]) >= 30 and a["ids"] == b["ids"] and a["bytes"] == b["bytes"]  # one item, one byte range
+    assert max(a["bytes"]) <= 256 and sum(a["bytes"]) >= 0.9 * sum(len(d.encode()) for d in long_docs)
+    policy = load_policy(REPO / "configs" / "policies" / "gate.yaml")
+    diff = gate._better_by(gate._scores({"items": {"text": a}}, "bits_per_byte"),
+                           gate._scores({"items": {"text": b}}, "bits_per_byte"), "bits_per_byte", policy)
+    assert diff is not None and diff.n == len(a["ids"]) >= policy.min_items
 
 
 @pytest.mark.slow
@@ -532,7 +560,8 @@ def test_an_external_gguf_is_scored_through_its_own_vocabulary(smollm2_gguf, iso
     bpb, unigram = metrics["bits_per_byte"]["value"], metrics["bits_per_byte_unigram"]["value"]
     assert 0.3 < bpb < 1.5 and bpb < 0.5 * unigram, (bpb, unigram)
     assert metrics["perplexity"]["value"] < 100 and metrics["perplexity"]["tokenizer"] == report["tokenizer"]
-    assert metrics["bits_per_byte"]["details"]["bytes"] == sum(len(t.encode()) for t in texts[:40])
+    pieces = text_items(texts[:40], cfg.eval.text_item_bytes, cfg.eval.text_items)
+    assert metrics["bits_per_byte"]["details"]["bytes"] == sum(len(t.encode()) for t in pieces)
     assert {f["name"]: f["passed"] for f in report["flags"]}["untrained"] is True
 
 

@@ -215,7 +215,7 @@ def test_a_continued_base_must_beat_the_base_it_started_from(policy):
     learned.lineage["base"] = init
     row = check(policy, learned, name)
     assert row.passed and row.value == pytest.approx(0.2, rel=1e-3) and row.n == ITEMS
-    assert "below its base SmolLM2-135M-Instruct's (2.201) on the test documents" in row.detail
+    assert "below its base SmolLM2-135M-Instruct's (2.201) on the test items" in row.detail
     forgot = evidence(eval_report=eval_report(MODEL_SHA, ppl=2.0, reference=("9" * 64, 1.9)), lineage=learned.lineage)
     assert failing(policy, forgot) == [name]
     no_reference = evidence(lineage=learned.lineage)  # evaluated without its base as the reference

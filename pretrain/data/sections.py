@@ -94,8 +94,9 @@ def plan(bounds: list[Boundary], max_tokens: int) -> list[tuple[int, int]]:
     """Consecutive [first, end) ranges of boundaries, each at most `max_tokens` where a cut allows it.
 
     Forced cuts before every top-level heading (the shallowest level that occurs at least twice: a lone title
-    heading is not a chapter), unless what comes before is only a title (under MIN_SHARE of the limit). Past the limit, the cut goes back to the last heading that leaves the section at
-    least half full, else it falls at the boundary where the limit was crossed."""
+    heading is not a chapter), unless what comes before is only a title (under MIN_SHARE of the limit). Past the
+    limit, the cut goes back to the last heading that leaves the section at least half full, else it falls at the
+    boundary where the limit was crossed."""
     levels = [b.level for b in bounds if 1 <= b.level < SOFT]
     top = min((lvl for lvl in set(levels) if levels.count(lvl) >= 2), default=0)
     chunks: list[tuple[int, int]] = []
