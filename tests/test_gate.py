@@ -275,6 +275,35 @@ def test_too_few_items_decide_nothing(policy, tmp_path):
     assert failing(gate.load_policy(path), evidence(eval_report=few)) == []
 
 
+def test_a_refusal_for_lack_of_evidence_says_which_setting_to_raise(policy):
+    few = eval_report(MODEL_SHA)
+    few["items"]["text"] = {k: v[:16] if isinstance(v, list) else v for k, v in few["items"]["text"].items()}
+    ev = evidence(eval_report=few)
+    ev.lineage["config"] = {"eval": {"text_items": 200}, "data": {"min_eval_tokens": 20000}}
+    row = check(policy, ev, "quality:bits_per_byte<unigram")
+    assert not row.passed and row.n == 16
+    assert row.advice == ("lacked evidence: the run's data gave only 16 test items (eval.text_items=200 asked for "
+                          "more): raise data.min_eval_tokens (now 20,000) or lower eval.text_item_bytes (more, "
+                          "smaller items)")  # fmt: skip
+    ev.lineage["config"]["eval"]["text_items"] = 16
+    assert check(policy, ev, "quality:bits_per_byte<unigram").advice == (
+        "lacked evidence: 16 test items; raise eval.text_items (now 16) to at least the policy's min_items")
+    table = gate.format_table(gate.evaluate(policy, ev))
+    assert "what to change: quality:bits_per_byte<unigram: lacked evidence: 16 test items" in table
+    assert gate.advice_tag_key(row) == "forge.gate.advice.quality.bits_per_byte below unigram"
+
+
+def test_a_refusal_on_the_models_merit_says_by_how_much_and_the_lever(policy):
+    ev = finetune(0.3, 0.4)
+    ev.lineage["config"] = {"sft": {"max_steps": 60, "micro_batch_size": 8, "grad_accum_steps": 1}}
+    ev.lineage["stages"]["sft"]["metrics"] = {"train_examples": 6756}
+    row = check(policy, ev, "quality:qa_f1>base")
+    assert not row.passed and row.advice.startswith("fell short: the fine-tune beats its base by -0.1 (interval [")
+    assert row.advice.endswith("sft.max_steps=60 x 8 examples covered 0.07 epochs of the 6,756 train pairs: raise "
+                               "sft.max_steps (or unset it and use sft.epochs)")  # fmt: skip
+    assert check(policy, finetune(0.5, 0.3), "quality:qa_f1>base").advice == ""  # a pass needs no advice
+
+
 def test_drift_bounds_and_the_table(policy):
     assert failing(policy, evidence(quantize_report=quantize_report(Path("m"), drift_q4=0.06))) == [
         "quant:q4_k_m:ppl_drift_vs_f16"
