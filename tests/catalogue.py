@@ -1,7 +1,11 @@
 """A synthetic domain a tiny model learns in a minute on 2 cores: a parts catalogue, for tests that need a model that
 honestly passes the gate (and one that honestly fails it) without a long training run.
 
-    python tests/catalogue.py DIR      # DIR/docs/page-NNN.txt and DIR/qa.jsonl
+    python tests/catalogue.py DIR      # DIR/docs/catalogue-NN.pdf and DIR/qa.jsonl
+
+The pages are printed as PDFs, 20 to a file, the way a parts catalogue reaches a team: a heading per page, the
+sentences as paragraphs, a running header and page numbers (tests/pdfs.py). So every pipeline test on
+configs/ci-smoke.yaml reads a folder holding only PDFs.
 
 Each part (a made-up word) has a material and a colour, stated in many catalogue pages in varied sentences; the Q&A
 file asks for both ("What is the dravik made of?" -> "brass", qtype material / colour). Every fact recurs in every
@@ -15,6 +19,11 @@ import json
 import random
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pdfs import write_pdf  # noqa: E402
+
+PAGES_PER_PDF = 20
 
 MATERIALS = ["steel", "brass", "copper", "nylon", "rubber", "glass", "cedar", "carbon"]
 COLOURS = ["red", "blue", "green", "yellow", "black", "white", "orange", "purple"]
@@ -55,13 +64,16 @@ def write_catalogue(out: Path, n_parts: int = 64, pages: int = 500, seed: int = 
     docs = out / "docs"
     docs.mkdir(parents=True, exist_ok=True)
     names = list(facts)
+    blocks: list[tuple[str, str]] = []
     for i in range(pages):
-        lines = [f"Catalogue page {i + 1}", ""]
+        blocks.append(("h1", f"Catalogue page {i + 1}"))
         for part in rng.sample(names, 6):
             material, colour = facts[part]
-            lines.append(rng.choice(SENTENCES).format(part=part, material=material, colour=colour))
-        lines += rng.sample(FILLER, 2)
-        (docs / f"page-{i:03d}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            blocks.append(("p", rng.choice(SENTENCES).format(part=part, material=material, colour=colour)))
+        blocks += [("p", line) for line in rng.sample(FILLER, 2)]
+        if (i + 1) % PAGES_PER_PDF == 0 or i + 1 == pages:
+            write_pdf(docs / f"catalogue-{i // PAGES_PER_PDF:02d}.pdf", blocks, header="Parts catalogue")
+            blocks = []
     qa = out / "qa.jsonl"
     with qa.open("w", encoding="utf-8") as fh:
         for part, (material, colour) in facts.items():
