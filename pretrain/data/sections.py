@@ -227,7 +227,8 @@ def html_boundaries(html: str) -> tuple[list[str], list[Boundary], str]:
             el.addprevious(marker)
             marks.append((level, heading))
     title = " ".join((root.findtext(".//title") or "").split())
-    head = f"<html><head><title>{_escape(title)}</title></head><body>" if title else "<html><body>"
+    charset = '<meta charset="utf-8">'  # the fragment is text now: whoever parses it must not guess latin-1
+    head = f"<html><head>{charset}<title>{_escape(title)}</title></head><body>"
     markup = lxml.html.tostring(root, encoding="unicode")
     sizes = [est_tokens(t) for t in re.split("\ue000\\d+\ue001", sized_text(root))]
     if len(sizes) != len(marks) + 1:  # a heading inside a link went with it: no sizes to cut by

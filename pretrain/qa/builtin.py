@@ -224,13 +224,15 @@ def build_split(
         dedup_cfg, seed, SHORT_ANSWER_QTYPES,
     )  # fmt: skip
     eval_objects = {p["object"] for p, h in zip(pairs, held, strict=True) if h}
-    train_pairs = [p for p in train_pairs if p["object"] not in eval_objects]  # by construction; kept as a guard
+    before = len(train_pairs)  # an object with a held-out pair (another pair of it read from a held-out document)
+    train_pairs = [p for p in train_pairs if p["object"] not in eval_objects]  # keeps no train pair of its own
     report = {
         "source": builtin_id(),
         "generated_pairs": len(pairs),
         "objects": len({p["object"] for p in pairs}),
         "held_out_objects": len({p["object"] for p in eval_pairs}),
         "near_duplicates_removed": sum(removed.values()),
+        "train_pairs_of_held_out_objects": before - len(train_pairs),
         "train_pairs": len(train_pairs),
         "eval_pairs": len(eval_pairs),
         "eval_fraction": eval_fraction,

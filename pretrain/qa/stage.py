@@ -111,8 +111,13 @@ def data_shards(cfg: ForgeConfig) -> dict[str, list[Path]]:
     return shards_of(cfg)
 
 
+HOLD_OUT_FIRST = {"test": 0, "val": 1, "train": 2, "-": 3}
+
+
 def data_splits(cfg: ForgeConfig) -> dict[str, str]:
-    """Document id -> the split the data stage gave it, for every document it read (kept or removed)."""
+    """Document id -> the split the data stage gave it, for every document it read (kept or removed). A document cut
+    into sections (`id#section`) is also listed under its own id, in the most held-out split of its sections: none
+    of what it says may be trained on when part of it is evaluated."""
     data_dir = require_completed(cfg, "data")
     splits = {}
     for split, files in data_shards(cfg).items():
@@ -126,6 +131,10 @@ def data_splits(cfg: ForgeConfig) -> dict[str, str]:
             for line in text:
                 row = json.loads(line)
                 splits.setdefault(row["id"], row.get("split") or "-")
+    for doc_id, split in list(splits.items()):
+        whole = doc_id.split("#")[0]
+        if whole != doc_id and HOLD_OUT_FIRST[split] < HOLD_OUT_FIRST[splits.get(whole, "-")]:
+            splits[whole] = split
     return splits
 
 
