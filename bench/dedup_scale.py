@@ -16,7 +16,7 @@ the index by RSS growth (tracemalloc would slow its millions of small Python obj
   index: datasketch MinHashLSH(params=(14, 8)) with every document inserted (LeanMinHash), the in-memory index
          a one-machine pipeline keeps (datasketch 2.0; the issue's "about 4 KB per document").
 Throughput: --texts synthetic ~2 KB texts through shingling + MinHash + band keys on the process pool `forge data`
-uses (pipeline.parallel_map) with 1 and 2 workers (pool start-up excluded: timed from the first result), and the
+uses (passes.parallel_map) with 1 and 2 workers (pool start-up excluded: timed from the first result), and the
 banding of --ray-docs documents' keys on Ray with 1 and 2 CPUs (Ray start-up excluded). The load average is
 printed: on a machine shared with other work the 2-core speed-up is a floor.
 """
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from forge.config import DataConfig, DedupConfig  # noqa: E402
-from pretrain.data import dedup, pipeline  # noqa: E402
+from pretrain.data import dedup, passes  # noqa: E402
 
 CFG = DedupConfig()  # 14 bands x 8 rows, as the data stage runs
 CHUNK = 50_000  # signatures generated per step (the stage's workers make them a batch at a time, too)
@@ -137,7 +137,7 @@ def texts(n: int, seed: int = 0) -> list[str]:
 
 def keys_batch(batch: list[str]) -> np.ndarray:
     """What the stage's clean pass computes per batch for dedup: shingles, MinHash, band keys."""
-    deduper: dedup.NearDeduper = pipeline._WORKER["deduper"]
+    deduper: dedup.NearDeduper = passes._WORKER["deduper"]
     return deduper.band_keys(deduper.signatures([deduper.shingles(t) for t in batch]))
 
 
@@ -152,7 +152,7 @@ def throughput_pool(docs: list[str], workers: int) -> tuple[float, float]:
     batches = [docs[i : i + 64] for i in range(0, len(docs), 64)]
     first, done = None, 0
     start, cpu = time.perf_counter(), cpu_seconds()
-    for _ in pipeline.parallel_map(keys_batch, batches, workers, (DataConfig(), 1337)):
+    for _ in passes.parallel_map(keys_batch, batches, workers, (DataConfig(), 1337)):
         if first is None:
             first = time.perf_counter()
         else:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from forge.config import DataConfig
-from pretrain.data import calibrate, filters, pipeline, splits
+from pretrain.data import calibrate, filters, passes, splits
 
 # A C API reference entry as HTML extraction renders it: a synopsis and an example in code fences, a flag list, a
 # table of options, a few paragraphs of prose. Web-crawl rules misfire on it; it is what a manual is made of.
@@ -84,7 +84,7 @@ FRENCH = (
 def clean(text: str, doc_id: str = "doc", **settings) -> dict:
     """clean_record of one train document under the defaults (plus `settings`): what the stage decides."""
     record = {"id": doc_id, "text": text, "split": "train", "meta": {}, "removed": {}}
-    return pipeline.clean_record(record, DataConfig(**settings), None, 5)
+    return passes.clean_record(record, DataConfig(**settings), None, 5)
 
 
 def test_a_code_heavy_reference_page_is_kept():
@@ -129,7 +129,7 @@ def calibration_of(texts: dict[str, str], **settings) -> dict:
     cfg = DataConfig(**settings)
     cal = calibrate.Calibration(cfg, expected_train_docs=len(texts))
     for doc_id, text in texts.items():
-        cal.add(pipeline.clean_record({"id": doc_id, "text": text, "split": "train", "meta": {}, "removed": {}},
+        cal.add(passes.clean_record({"id": doc_id, "text": text, "split": "train", "meta": {}, "removed": {}},
                                       cfg, None, 5))  # fmt: skip
     cal.add({"id": "v", "text": NAVIGATION, "split": "val", "metrics": {}})  # only train documents are measured
     return cal.summary()

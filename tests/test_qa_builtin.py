@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from forge.config import ForgeConfig
-from pretrain.data.pipeline import split_of
+from pretrain.data.passes import split_of
 from pretrain.qa.builtin import build_split, generate_pairs, held_out, summary_and_details
 
 

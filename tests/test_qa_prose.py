@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,17 @@ def prose_manual(debian_docs, tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def prose_data(prose_manual, tmp_path_factory) -> tuple[Path, Path]:
+    """(the runs directory, the config) after `forge data` on the prose-only manual: both tests below start there."""
+    root = tmp_path_factory.mktemp("prose-runs")
+    config = root / "prose.yaml"
+    config.write_text(f"run_name: prose\ndata:\n  inputs: [{json.dumps(str(prose_manual))}]\n")
+    done = forge("data", "--config", str(config), runs=root / "runs")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root / "runs", config
+
+
 def forge(*args: str, runs: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "FORGE_RUNS_DIR": str(runs)}
     return subprocess.run([sys.executable, "-m", "forge.cli", *args], cwd=ROOT, env=env, capture_output=True,
@@ -125,13 +137,11 @@ def forge(*args: str, runs: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_a_prose_only_manual_gives_five_pairs_per_thousand_words_without_a_model(prose_manual, tmp_path):
-    config = tmp_path / "prose.yaml"
-    config.write_text(f"run_name: prose\ndata:\n  inputs: [{json.dumps(str(prose_manual))}]\n")
-    runs = tmp_path / "runs"
-    for verb in ("data", "qa"):
-        done = forge(verb, "--config", str(config), runs=runs)
-        assert done.returncode == 0, done.stderr[-3000:]
+def test_a_prose_only_manual_gives_five_pairs_per_thousand_words_without_a_model(prose_data, tmp_path):
+    runs, config = tmp_path / "runs", prose_data[1]
+    shutil.copytree(prose_data[0], runs)
+    done = forge("qa", "--config", str(config), runs=runs)
+    assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((runs / "prose" / "qa" / "report.json").read_text())
     print(f"\nprose-only Debian Reference: {report['train_pairs']} train + {report['eval_pairs']} held-out pairs, "
           f"{report['pairs_per_1k_train_words']} train pairs per 1,000 train words; by kind {report['by_qtype']}")
@@ -141,24 +151,21 @@ def test_a_prose_only_manual_gives_five_pairs_per_thousand_words_without_a_model
 
 
 @pytest.mark.slow
-def test_the_teacher_path_runs_end_to_end_and_asks_nothing_twice(prose_manual, smollm2_gguf, tmp_path):
-    config = tmp_path / "teacher.yaml"
-    config.write_text(
-        f"run_name: taught\ndata:\n  inputs: [{json.dumps(str(prose_manual))}]\nqa:\n  teacher:\n"
-        f"    model: {json.dumps(str(smollm2_gguf))}\n    max_chunks: 3\n    pairs_per_chunk: 2\n"
-    )
-    runs = tmp_path / "runs"
-    assert forge("data", "--config", str(config), runs=runs).returncode == 0
+def test_the_teacher_path_runs_end_to_end_and_asks_nothing_twice(prose_data, smollm2_gguf, tmp_path):
+    runs, config = tmp_path / "runs", tmp_path / "teacher.yaml"
+    shutil.copytree(prose_data[0], runs)
+    teacher = f"    model: {json.dumps(str(smollm2_gguf))}\n    max_chunks: 3\n    pairs_per_chunk: 2\n"
+    config.write_text(prose_data[1].read_text() + f"qa:\n  teacher:\n{teacher}")
     first = forge("qa", "--config", str(config), runs=runs)
     assert first.returncode == 0, first.stderr[-3000:]
-    details = json.loads((runs / "taught" / "qa" / "report.json").read_text())["details"]["teacher"]
+    details = json.loads((runs / "prose" / "qa" / "report.json").read_text())["details"]["teacher"]
     print(f"\nteacher SmolLM2-135M on 3 chunks: {json.dumps({k: v for k, v in details.items() if 'sample' not in k})}")
     assert details["chunks"] == 3 and details["asked"] == 3 and details["cached"] == 0
     assert details["proposed"] + details["rejected"].get("reply is not the JSON asked for", 0) > 0
     assert details["kept"] + sum(details["rejected"].values()) >= details["proposed"]
-    assert "Teacher (gguf:" in (runs / "taught" / "qa" / "report.md").read_text()
+    assert "Teacher (gguf:" in (runs / "prose" / "qa" / "report.md").read_text()
     again = forge("qa", "--config", str(config), "--force", runs=runs)
     assert again.returncode == 0, again.stderr[-3000:]
-    cached = json.loads((runs / "taught" / "qa" / "report.json").read_text())["details"]["teacher"]
+    cached = json.loads((runs / "prose" / "qa" / "report.json").read_text())["details"]["teacher"]
     assert cached["asked"] == 0 and cached["cached"] == 3 and cached["kept"] == details["kept"]
     assert "forge-teacher" not in again.stderr  # no server was started for a re-run the cache answers

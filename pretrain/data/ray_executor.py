@@ -4,7 +4,7 @@ local process pool, so the output is identical; only where the work runs changes
     forge data --config run.yaml --executor ray                               # a local Ray instance, data.workers CPUs
     forge data --config run.yaml --executor ray --ray-address HOST:6379       # an existing cluster
 
-  ray_map:         `pipeline.parallel_map`'s contract (fn over batches, results in input order) on Ray Data. The
+  ray_map:         `passes.parallel_map`'s contract (fn over batches, results in input order) on Ray Data. The
                    batches reach the cluster through a Parquet file under runs/<run>/data/.work/, so on more than
                    one node runs/ must be on storage every node sees (as for training checkpoints).
   candidate_pairs: the LSH band keys become (band, key, row) rows, hash-partitioned on (band, key) by a Ray
@@ -107,10 +107,10 @@ def _configure(ray: Any, cfg: DataConfig, workers: int) -> int:
 
 
 def _run_batches(table: pa.Table, fn: Callable[[Any], Any], initargs: tuple) -> pa.Table:
-    """A Ray Data task: one worker's settings (pipeline.init_worker), then fn over the pickled batches. Tasks, not
+    """A Ray Data task: one worker's settings (passes.init_worker), then fn over the pickled batches. Tasks, not
     actors: an actor holds its CPU for the whole pass and starves the read tasks on a small instance. Pickle only
     travels between this run's own processes."""
-    from pretrain.data.pipeline import init_worker
+    from pretrain.data.passes import init_worker
 
     init_worker(*initargs)  # cheap (the sketch table arrives zero-copy from the object store)
     out = [pickle.dumps(fn(pickle.loads(b)), protocol=5) for b in table.column("batch").to_pylist()]
@@ -118,7 +118,7 @@ def _run_batches(table: pa.Table, fn: Callable[[Any], Any], initargs: tuple) -> 
 
 
 def ray_map(fn: Callable[[Any], Any], batches: Iterable[Any], cpus: int, initargs: tuple, work: Path) -> Iterator[Any]:
-    """fn over batches on Ray Data, results in input order (pipeline.parallel_map's contract)."""
+    """fn over batches on Ray Data, results in input order (passes.parallel_map's contract)."""
     import ray
 
     path = work / f"ray-{fn.__name__}.parquet"

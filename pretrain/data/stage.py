@@ -39,13 +39,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from forge import ForgeError
 from forge.config import ForgeConfig
 from forge.lineage import Stage, run_stage
+from forge.progress import progress
 from pretrain.data import calibrate, dedup, filters, ingest, report, splits
-from pretrain.data.pipeline import batched, clean_batch, extract_batch, parallel_map, worker_count
+from pretrain.data.passes import batched, clean_batch, extract_batch, parallel_map, worker_count
 from pretrain.data.splits import SPLITS, split_of
 
 log = logging.getLogger("forge.data")
@@ -257,7 +257,7 @@ def _extract(cfg, seed: int, work: Path, mapper: Mapper, stats: report.Stats):
     sketch = filters.LineSketch() if cfg.boilerplate else None
     units: list[float] = []
     tokens: list[int] = []
-    records = tqdm(_ingested(cfg, stats), desc="data: read + extract", unit="doc", disable=None)
+    records = progress(_ingested(cfg, stats), desc="data: read + extract", unit="doc", logger=log)
     for results in mapper(extract_batch, batched(records, BATCH), initargs=(cfg, seed)):
         kept = []
         for record, line_hashes in results:
@@ -291,7 +291,7 @@ def _clean(cfg, seed, work, mapper: Mapper, stats, extracted: Spill, sketch, rat
     split_rows: list[int] = []
     keys: list[np.ndarray] = []
     records = ({**r, "split": split_of(r["id"], ratios)} for r in extracted)
-    records = tqdm(records, total=extracted.rows, desc="data: filter", unit="doc", disable=None)
+    records = progress(records, total=extracted.rows, desc="data: filter", unit="doc", logger=log)
     for results, batch_keys in mapper(clean_batch, batched(records, BATCH), initargs=initargs):
         kept = []
         for record in results:
@@ -388,7 +388,8 @@ def _write_splits(cfg, out: Path, cleaned: Spill, removed: dict[int, tuple[str, 
     for split in ("test", "val", "train"):
         writer = ShardWriter(out, split, cfg.shard_docs)
         docs = chars = tokens = 0
-        for row, record in enumerate(tqdm(cleaned, total=cleaned.rows, desc=f"data: write {split}", disable=None)):
+        for row, record in enumerate(progress(cleaned, total=cleaned.rows, desc=f"data: write {split}", unit="doc",
+                                              logger=log)):  # fmt: skip
             if record["split"] != split:
                 continue
             if row in removed:

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from forge.config import ForgeConfig
+from forge.progress import progress
 from pretrain.data.documents import reread
 from pretrain.qa import prose, questions
 from pretrain.qa.dedup import deduplicate
@@ -83,14 +83,14 @@ def corpus_pairs(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """(train pairs, held-out pairs, report) of the corpus the data stage kept."""
     total = sum(pq.ParquetFile(f).metadata.num_rows for files in shards.values() for f in files)
-    titles = [read_page(doc, cfg)[0].title for doc in tqdm(documents(shards), total=total, desc="qa: titles",
-                                                          unit="doc", disable=None)]  # fmt: skip
+    titles = [read_page(doc, cfg)[0].title for doc in progress(documents(shards), total=total, desc="qa: titles",
+                                                               unit="doc", logger=log)]  # fmt: skip
     noise = title_noise(titles)
     skipped: Counter[str] = Counter()
     structure_from: Counter[str] = Counter()
     splits = {s: {"documents": 0, "words": 0, "with_pairs": 0} for s in ("train", *HELD_OUT)}
     pairs: list[dict[str, Any]] = []
-    for doc in tqdm(documents(shards), total=total, desc="qa: extract", unit="doc", disable=None):
+    for doc in progress(documents(shards), total=total, desc="qa: extract", unit="doc", logger=log):
         page, origin = read_page(doc, cfg)
         structure_from[origin] += 1
         counts = splits[doc["split"]]
