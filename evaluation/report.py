@@ -34,7 +34,6 @@ eval.json (format "forge-eval/2"):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -307,7 +306,3 @@ def write_report(stage_dir: Path, *, cfg: ForgeConfig, **kwargs: Any) -> dict[st
     atomic_write_text(stage_dir / "report.md", to_markdown(report, plots))
     atomic_write_text(stage_dir / "report.html", to_html(report, plots))
     return report
-
-
-def read_eval(path: Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text(encoding="utf-8"))

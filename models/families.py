@@ -39,10 +39,6 @@ class Family:
     # Bytes per token and hidden unit the plan counts for the embedding output and the final norm.
     embed_norm_bytes: int
 
-    @property
-    def default_activation(self) -> str:
-        return ARCHITECTURES[self.name]["activation"]
-
     def decoder_layers(self, model: Any) -> list[Any]:
         """The repeated blocks of a transformers model of this family (a peft wrapper is looked through)."""
         obj = model.get_base_model() if hasattr(model, "get_base_model") else model

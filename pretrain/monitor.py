@@ -61,10 +61,6 @@ class ValRise:
             )
         return None
 
-    @property
-    def triggered(self) -> bool:
-        return self.rising >= self.patience
-
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "best_step": self.best_step, "rising": self.rising, "flagged_at": self.flagged_at}
 

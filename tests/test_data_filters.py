@@ -58,7 +58,7 @@ WEB = DataConfig(profile="web").quality  # the rules as published, measured on t
 
 def fired(text: str, q: QualityConfig = WEB, lang: str = "en") -> str | None:
     """The rule that drops `text` (its setting's name), or None when every rule keeps it."""
-    drop = filters.quality_filters(text, q, lang)
+    drop = filters.first_failure(filters.measure(text, q, lang), q)
     return None if drop is None else drop.rule
 
 
@@ -78,13 +78,13 @@ def test_gopher_quality_rules():
     # thresholds come from the config; an explicit setting wins over the profile's
     loose = DataConfig(profile="web", quality={"min_words": 3, "min_stop_words": 0}).quality
     assert fired("Too short to keep.", loose) == "c4_min_sentences"  # the next rule in pipeline order
-    drop = filters.quality_filters("Too short to keep.", WEB, "en")
+    drop = filters.first_failure(filters.measure("Too short to keep.", WEB, "en"), WEB)
     assert (drop.filter, drop.reason, drop.value) == ("gopher_quality", "min_words: 4 < 50", 4.0)
 
 
 def test_gopher_repetition_and_fineweb_rules():
     repeated = "\n".join(["Buy cheap watches online today."] * 10 + [ENGLISH])
-    assert filters.quality_filters(repeated, WEB, "en").filter == "gopher_repetition"
+    assert filters.first_failure(filters.measure(repeated, WEB, "en"), WEB).filter == "gopher_repetition"
     assert fired(ENGLISH + " " + "click here now " * 40).startswith(("max_top_ngram", "max_dup_ngram"))
     assert fired("\n".join(["Home", "News", "About us", "Contact", ENGLISH])) == "fineweb_max_short_lines_ratio"
 

@@ -635,9 +635,5 @@ def describe(rule: Rule, value: float, q: QualityConfig) -> str:
     return f"{rule.name}: {shown} {op} {rule.threshold(q)}"
 
 
-def quality_filters(text: str, q: QualityConfig, lang: str) -> Drop | None:
-    return first_failure(measure(text, q, lang), q) if q.enabled else None
-
-
 def nfc(text: str) -> str:
     return unicodedata.normalize("NFC", text)
