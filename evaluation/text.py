@@ -125,7 +125,7 @@ def _units(text: str, limit: int) -> list[str]:
         while len(unit.encode()) > limit:  # one word longer than an item
             head = unit.encode()[:limit].decode("utf-8", errors="ignore")
             out.append(head)
-            unit = unit[len(head):]
+            unit = unit[len(head) :]
         out.append(unit)
     return [u for u in out if u]
 

@@ -123,5 +123,3 @@ def load_policy(path: str | Path) -> Policy:
         raise ForgeError(f"invalid gate policy {path}: " + "; ".join(problems)) from None
     policy.sha256 = hashlib.sha256(data).hexdigest()
     return policy
-
-

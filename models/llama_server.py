@@ -85,7 +85,6 @@ def llama_server_command(
     ]  # fmt: skip
 
 
-
 class ServerProcess:
     """A server subprocess: start() waits until a real completion succeeds; stop() terminates it and its children."""
 

@@ -65,8 +65,10 @@ def _fell_short(name: str, estimate: float | None, interval: list[float], config
                 f"pretraining (train.max_steps, now {train.get('max_steps')}) on more of the corpus, or a lower "
                 f"train.lr (now {train.get('lr')}) if the validation loss rose")  # fmt: skip
     if "bits_per_byte<" in name:
-        return (f"fell short: bits per byte below the floor by {by}. Train longer (train.max_steps, now "
-                f"{train.get('max_steps')}) or a larger model; see the pretrain loss curve for divergence")
+        return (
+            f"fell short: bits per byte below the floor by {by}. Train longer (train.max_steps, now "
+            f"{train.get('max_steps')}) or a larger model; see the pretrain loss curve for divergence"
+        )
     if name.endswith(">chance"):
         return f"fell short: multiple choice {by} against chance. {_sft_lever(s, sft)}, or start from a larger base"
     return ""

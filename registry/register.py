@@ -77,8 +77,9 @@ def lineage(cfg: ForgeConfig, src: Sources) -> dict[str, Any]:
     for name in ("data", "tokenizer", "pretrain", "sft", src.eval_dir.name, "quantize"):
         manifest = completed_manifest(run / name)
         if manifest:
-            stages[name] = {k: manifest.get(k) for k in ("config_hash", "git_commit", "inputs", "finished_at",
-                                                         "metrics")}
+            stages[name] = {
+                k: manifest.get(k) for k in ("config_hash", "git_commit", "inputs", "finished_at", "metrics")
+            }
             outputs = manifest.get("outputs") or {}
             stages[name]["outputs"] = dict(list(outputs.items())[:500])
     tok_outputs = (stages.get("tokenizer") or {}).get("outputs") or {}

@@ -169,6 +169,8 @@ def test_every_chinese_chapter_is_kept_as_chinese(name, debian_sets):
     # of contents, links only, or the whole book as one PDF
     chapters = {p.name for p in debian_sets[name].iterdir() if not p.name.startswith("index.")}
     kept_chapters = {i.split("#")[0].split("/", 1)[1] for i in langs}
-    print(f"\n{name}: {len(kept_chapters)} of {len(chapters)} chapters kept, {len(langs)} sections, all zh; words by "
-          f"{result['report']['by_language']['zh']['words']}")
+    print(
+        f"\n{name}: {len(kept_chapters)} of {len(chapters)} chapters kept, {len(langs)} sections, all zh; words by "
+        f"{result['report']['by_language']['zh']['words']}"
+    )
     assert kept_chapters == chapters

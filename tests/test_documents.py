@@ -26,8 +26,10 @@ from pretrain.data.textblocks import Unreadable
 sys.path.insert(0, str(Path(__file__).parent))
 from pdfs import write_pdf, write_scan  # noqa: E402
 
-PARAGRAPH = ("The gearbox counter reads every sprocket as it passes the sensor and adds it to the running total. "
-             "When the shift ends, the counter writes the total to the log and resets itself for the next operator.")
+PARAGRAPH = (
+    "The gearbox counter reads every sprocket as it passes the sensor and adds it to the running total. "
+    "When the shift ends, the counter writes the total to the log and resets itself for the next operator."
+)
 
 
 def manual(chapters: int, sections_per_chapter: int, paragraphs: int) -> list[tuple[str, str]]:
@@ -42,11 +44,37 @@ def manual(chapters: int, sections_per_chapter: int, paragraphs: int) -> list[tu
     return blocks
 
 
-PARTS = ("sprocket", "bearing", "shaft", "housing", "sensor", "clutch", "gasket", "spindle", "pulley", "flange",
-         "bushing", "coupling", "seal", "lever", "spring", "valve", "rotor", "stator", "washer", "bracket")
+PARTS = (
+    "sprocket",
+    "bearing",
+    "shaft",
+    "housing",
+    "sensor",
+    "clutch",
+    "gasket",
+    "spindle",
+    "pulley",
+    "flange",
+    "bushing",
+    "coupling",
+    "seal",
+    "lever",
+    "spring",
+    "valve",
+    "rotor",
+    "stator",
+    "washer",
+    "bracket",
+)
 VERBS = ("inspect", "replace", "tighten", "clean", "lubricate", "measure", "align", "check", "adjust", "secure")
-WHY = ("before the next shift starts", "after every thousand hours of use", "whenever the warning light is on",
-       "when the operator reports a noise", "before the unit is shipped back", "once the housing has cooled down")
+WHY = (
+    "before the next shift starts",
+    "after every thousand hours of use",
+    "whenever the warning light is on",
+    "when the operator reports a noise",
+    "before the unit is shipped back",
+    "once the housing has cooled down",
+)
 
 
 def varied_paragraph(seed: int) -> str:
@@ -212,15 +240,26 @@ def test_a_long_document_is_cut_into_sections_by_its_headings_and_each_lies_in_o
         assert meta["pages"] and stage.split_of(doc_id, report["split_plan"]["ratios"]) == split
         assert words.est_tokens(text) <= 600 + 100  # a section holds one heading's text at most, or the limit
     # the same input, the same sections and splits, whatever the cleaning settings
-    out2, _ = run_data(root, "book-again", min_eval_tokens=1500, max_section_tokens=600, boilerplate=False,
-                       quality=QualityConfig(enabled=False), dedup={"near": False})
+    out2, _ = run_data(
+        root,
+        "book-again",
+        min_eval_tokens=1500,
+        max_section_tokens=600,
+        boilerplate=False,
+        quality=QualityConfig(enabled=False),
+        dedup={"near": False},
+    )
     assert {i: s for i, (s, _, _) in kept(out2).items()} == {i: s for i, (s, _, _) in rows.items()}
 
 
 def test_sections_follow_the_headings_and_never_cut_inside_code():
     code = "```\ncode line\n\n# not a heading\n```\n\n"
-    text = "# Book\n\nIntro " + "word " * 30 + "\n\n" + "".join(
-        f"## Part {p}\n\n" + ("para " * 80 + "\n\n") * 3 + code for p in range(3))
+    text = (
+        "# Book\n\nIntro "
+        + "word " * 30
+        + "\n\n"
+        + "".join(f"## Part {p}\n\n" + ("para " * 80 + "\n\n") * 3 + code for p in range(3))
+    )
     parts = sections.cut({"id": "d", "text": text, "format": "text", "meta": {}}, max_tokens=250)
     assert [p["id"] for p in parts][:3] == ["d#book", "d#part-0", "d#part-0~2"]
     assert "".join(p["text"] for p in parts).replace("\n", "") == text.replace("\n", "").strip()
@@ -233,8 +272,16 @@ def test_html_is_cut_in_its_markup_and_every_section_keeps_the_title():
     body = "".join(f"<h2>Topic {i}</h2>" + f"<p>{'sentence of content here. ' * 60}</p>" * 2 for i in range(4))
     html = f"<html><head><title>Gearbox guide</title></head><body><h1>Guide</h1>{body}</body></html>"
     parts = sections.cut({"id": "g.html", "text": html, "format": "html", "meta": {}}, max_tokens=400)
-    assert [p["id"] for p in parts] == ["g.html#guide", "g.html#topic-0~2", "g.html#topic-1", "g.html#topic-1~2",
-                                        "g.html#topic-2", "g.html#topic-2~2", "g.html#topic-3", "g.html#topic-3~2"]
+    assert [p["id"] for p in parts] == [
+        "g.html#guide",
+        "g.html#topic-0~2",
+        "g.html#topic-1",
+        "g.html#topic-1~2",
+        "g.html#topic-2",
+        "g.html#topic-2~2",
+        "g.html#topic-3",
+        "g.html#topic-3~2",
+    ]
     for p in parts:
         assert "<title>Gearbox guide</title>" in p["text"]
         assert 0 < documents.size_of(p) <= 400

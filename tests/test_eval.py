@@ -535,8 +535,12 @@ def test_a_few_long_documents_give_the_gate_enough_items_paired_across_tokenizer
     assert len(a["ids"]) >= 30 and a["ids"] == b["ids"] and a["bytes"] == b["bytes"]  # one item, one byte range
     assert max(a["bytes"]) <= 256 and sum(a["bytes"]) >= 0.9 * sum(len(d.encode()) for d in long_docs)
     policy = load_policy(REPO / "configs" / "policies" / "gate.yaml")
-    diff = gate._better_by(gate._scores({"items": {"text": a}}, "bits_per_byte"),
-                           gate._scores({"items": {"text": b}}, "bits_per_byte"), "bits_per_byte", policy)
+    diff = gate._better_by(
+        gate._scores({"items": {"text": a}}, "bits_per_byte"),
+        gate._scores({"items": {"text": b}}, "bits_per_byte"),
+        "bits_per_byte",
+        policy,
+    )
     assert diff is not None and diff.n == len(a["ids"]) >= policy.min_items
 
 

@@ -287,7 +287,8 @@ def test_a_refusal_for_lack_of_evidence_says_which_setting_to_raise(policy):
                           "smaller items)")  # fmt: skip
     ev.lineage["config"]["eval"]["text_items"] = 16
     assert check(policy, ev, "quality:bits_per_byte<unigram").advice == (
-        "lacked evidence: 16 test items; raise eval.text_items (now 16) to at least the policy's min_items")
+        "lacked evidence: 16 test items; raise eval.text_items (now 16) to at least the policy's min_items"
+    )
     table = gate.format_table(gate.evaluate(policy, ev))
     assert "what to change: quality:bits_per_byte<unigram: lacked evidence: 16 test items" in table
     assert gate.advice_tag_key(row) == "forge.gate.advice.quality.bits_per_byte below unigram"

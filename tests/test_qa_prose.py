@@ -92,8 +92,10 @@ def test_invented_answers_from_a_teacher_are_rejected_and_counted_by_reason():
     rejected: list = []
     teacher._judge(chunk, reply, TeacherConfig(model="x.gguf"), stats, kept, rejected)
     assert [k["question"] for k in kept] == ["What does the counter count?"]
-    assert {r["reason"] for r in rejected} == {"evidence not quoted from the text",
-                                               "answer not supported by the text (below 80% of its words)"}
+    assert {r["reason"] for r in rejected} == {
+        "evidence not quoted from the text",
+        "answer not supported by the text (below 80% of its words)",
+    }
     teacher._judge(chunk, "Sure! Here are some questions:", TeacherConfig(model="x.gguf"), stats, kept, rejected)
     assert stats["rejected: reply is not the JSON asked for"] == 1
 
@@ -143,8 +145,10 @@ def test_a_prose_only_manual_gives_five_pairs_per_thousand_words_without_a_model
     done = forge("qa", "--config", str(config), runs=runs)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((runs / "prose" / "qa" / "report.json").read_text())
-    print(f"\nprose-only Debian Reference: {report['train_pairs']} train + {report['eval_pairs']} held-out pairs, "
-          f"{report['pairs_per_1k_train_words']} train pairs per 1,000 train words; by kind {report['by_qtype']}")
+    print(
+        f"\nprose-only Debian Reference: {report['train_pairs']} train + {report['eval_pairs']} held-out pairs, "
+        f"{report['pairs_per_1k_train_words']} train pairs per 1,000 train words; by kind {report['by_qtype']}"
+    )
     assert report["pairs_per_1k_train_words"] >= 5
     assert report["eval_pairs"] >= 30  # the gate's min_items for the held-out questions
     assert set(report["by_qtype"]) <= {k for k in prose.questions.PROSE_WORDINGS["en"]}

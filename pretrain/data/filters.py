@@ -607,7 +607,8 @@ WORD_METRICS = ("words", "mean_word_length", "symbol_word_ratio", "alpha_words_r
 
 def _ngram_keys(q: QualityConfig, value: float) -> dict[str, float]:
     return {f"top_{n}gram_chars_ratio": value for n in q.max_top_ngram_chars_ratio} | {
-        f"dup_{n}gram_chars_ratio": value for n in q.max_dup_ngram_chars_ratio}
+        f"dup_{n}gram_chars_ratio": value for n in q.max_dup_ngram_chars_ratio
+    }
 
 
 def _width(line: str) -> int:

@@ -48,5 +48,3 @@ def join_code(blocks: list[tuple[str, str]]) -> list[str]:
     if code:
         out.append(code_block(code))
     return out
-
-

@@ -48,6 +48,7 @@ class Mined:
 # ----------------------------------------------------------------------------------------------------------------
 # subjects: a name a user types, or a short noun phrase
 
+
 def _set(words: str) -> frozenset[str]:
     return frozenset(words.split())
 
@@ -55,17 +56,21 @@ def _set(words: str) -> frozenset[str]:
 # A token with code in it: `quoted`, an option, a dotted or underscored name, a call, a path, a variable, <arg>.
 CODE = r"(?:`[^`]+`|--?[A-Za-z][\w-]*(?:=\S+)?|[A-Za-z_][\w-]*(?:[._:][\w*<>-]+)+(?:\(\d?\))?|[A-Za-z_]\w*\(\d?\)" \
        r"|\$[A-Za-z_]\w*|[A-Z][A-Z0-9]*_[A-Z0-9_]+|<[\w-]+>|/[\w.-]+(?:/[\w.*-]+)*)"  # fmt: skip
-NOUNS = r"(?:command|option|flag|setting|variable|directive|function|method|file|program|tool|utility|package" \
-        r"|module|library|hook|parameter|field|key|macro|class|type|clause|statement|keyword|header|protocol|format)"
+NOUNS = (
+    r"(?:command|option|flag|setting|variable|directive|function|method|file|program|tool|utility|package"
+    r"|module|library|hook|parameter|field|key|macro|class|type|clause|statement|keyword|header|protocol|format)"
+)
 # "the git-push command", "the core.editor setting": a name, then the kind of thing it is
 NAMED = rf"(?:[Tt]he )?(?:{CODE}|(?!(?:the|a|an|this|that|each|every|any|some|its|their|your)\b)[a-z][\w-]*" \
         rf"(?: [a-z][\w.-]*)?) {NOUNS}"  # fmt: skip
 NP = r"(?:[A-Za-z][\w'-]*)(?: [A-Za-z][\w'-]*){0,4}?"
 SUBJECT = rf"(?P<s>{NAMED}|{CODE}|{NP})"
 TASK = r"(?P<t>[a-z][^,;:()]{5,90}?)"
-LEAD = re.compile(r"^(?:Note that|Also|Normally|Usually|Typically|In general|In short|Generally|Simply put|"
-                  r"Additionally|However|Moreover|Furthermore|Instead|Otherwise|Alternatively|Finally|Currently|"
-                  r"Internally|Optionally|Then|Now|In practice|In addition|For (?:this|that) reason),? ")
+LEAD = re.compile(
+    r"^(?:Note that|Also|Normally|Usually|Typically|In general|In short|Generally|Simply put|"
+    r"Additionally|However|Moreover|Furthermore|Instead|Otherwise|Alternatively|Finally|Currently|"
+    r"Internally|Optionally|Then|Now|In practice|In addition|For (?:this|that) reason),? "
+)
 
 NOT_SUBJECT_WORDS = _set("""it its they them their this that these those he she we you i one there here which what
 who whom whose where when why how such same other another each every some any all most both either neither none
@@ -89,8 +94,10 @@ CONTEXT = re.compile(r"\b(?:this|these|those|such) (?:option|command|flag|mode|s
 EVALUATIVE = _set("""good bad great common useful easy simple mistake error lot little bit problem matter few
 nice better best worse fine way must possibility chance valid thing idea""")
 # A paragraph that opens by naming its subject: "`--date=unix` shows ...", "The staging area is ..."
-TOPIC = re.compile(rf"^(?:(?P<s>{NAMED}|{CODE}) (?:\w+ )?[a-z]+\b|(?P<n>(?:The |An? )?{NP}) (?:is|are|can|will|must|"
-                   r"should|may|has|have|does|do|lets|allows)\b|(?P<d>(?:The|An?) {NP}) (?:also |only )?[a-z]{3,}s\b)")
+TOPIC = re.compile(
+    rf"^(?:(?P<s>{NAMED}|{CODE}) (?:\w+ )?[a-z]+\b|(?P<n>(?:The |An? )?{NP}) (?:is|are|can|will|must|"
+    r"should|may|has|have|does|do|lets|allows)\b|(?P<d>(?:The|An?) {NP}) (?:also |only )?[a-z]{3,}s\b)"
+)
 MAX_TOPIC_SENTENCES, MAX_TOPIC_CHARS = 3, 600
 TOPIC_MIN_WORDS = 12  # a paragraph of one sentence answers "Tell me about X" only when it says this much
 THIS_SUBJECT = re.compile(r"^(?:This|The) (?:command|program|tool|utility|application|function|module|library|package|"
@@ -118,8 +125,17 @@ def good_subject(subject: str) -> bool:
         return False
     if len(words) > 1 and subject[:1].isupper() and words[0] in IMPERATIVES:
         return False  # "Make sure committers": an instruction, not a thing
-    if all(w in GENERIC or w.rstrip("s") in GENERIC for w in words) or words[-1] in ("of", "for", "and", "or", "to",
-                                                                                    "in", "with", "the", "a"):
+    if all(w in GENERIC or w.rstrip("s") in GENERIC for w in words) or words[-1] in (
+        "of",
+        "for",
+        "and",
+        "or",
+        "to",
+        "in",
+        "with",
+        "the",
+        "a",
+    ):
         return False
     if words[0].endswith("ing") and len(words) > 1:
         return False  # "Using --force is ...": a clause, not a thing
@@ -161,53 +177,128 @@ def base_verb(verb: str) -> str:
 
 PATTERNS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
     "en": [
-        ("prose_meaning", re.compile(rf"^{SUBJECT} (?:refers? to|means|denotes|stands for|is short for|is an? "
-                                     r"(?:synonym|alias|abbreviation|shorthand) (?:for|of)) (?!that\b)\S")),
+        (
+            "prose_meaning",
+            re.compile(
+                rf"^{SUBJECT} (?:refers? to|means|denotes|stands for|is short for|is an? "
+                r"(?:synonym|alias|abbreviation|shorthand) (?:for|of)) (?!that\b)\S"
+            ),
+        ),
         ("prose_definition", re.compile(rf"^{SUBJECT},? (?:also|sometimes|often) (?:called|known as) ")),
         ("prose_purpose", re.compile(rf"^The (?:main |primary )?(?:purpose|goal|aim|role|job) of {SUBJECT} is \S")),
         ("prose_purpose", re.compile(rf"^{SUBJECT} (?:is|are|can be|may be) (?:\w+ly )?used (?:to|for) \S")),
         ("prose_enables", re.compile(rf"^{SUBJECT} (?:lets|allows|enables|helps|permits) (?:you|users|the user)\b")),
         ("prose_default", re.compile(rf"^By default, (?P<s>{NAMED}|{CODE}) (?:\w+ )?[a-z]+s\b")),
-        ("prose_default_np", re.compile(rf"^By default, (?P<n>{NP}) (?:is|are|will|does|do|can|cannot|only|always|"
-                                        r"never)\b")),  # fmt: skip
+        (
+            "prose_default_np",
+            re.compile(
+                rf"^By default, (?P<n>{NP}) (?:is|are|will|does|do|can|cannot|only|always|"
+                r"never)\b"
+            ),
+        ),  # fmt: skip
         ("prose_default_to", re.compile(rf"^{SUBJECT} defaults? to \S")),
-        ("prose_location", re.compile(rf"^{SUBJECT} (?P<aux>is|are) (?:\w+ly )?(?P<p>stored|kept|saved|written|"
-                                      r"located|installed|placed|cached|recorded|found) (?:in|under|at|inside) \S")),
-        ("prose_howto", re.compile(rf"^(?:To|In order to) {TASK}, (?:you (?:can|should|must|need to|have to) |"
-                                   r"simply |just |first )?(?:use|run|type|set|pass|add|give|specify|call|invoke|edit|"
-                                   r"create|configure|enable|disable|install|put|press|select|click|open|write|"
-                                   r"execute|start|remove|change)\b")),  # fmt: skip
-        ("prose_howto", re.compile(rf"^If you (?:want|need|wish|would like) to {TASK}, (?:then )?(?:you (?:can|"
-                                   r"should|must|need to|have to) )?(?:also )?(?:use|run|type|set|pass|add|give|"
-                                   r"specify|call|edit|create|configure|enable|disable|install)\b")),  # fmt: skip
-        ("prose_howto", re.compile(rf"^You can (?:also |easily |simply )?{TASK} (?:by (?:using|running|setting|"
-                                   r"passing|adding|typing|calling|editing)|with|using) \S")),  # fmt: skip
+        (
+            "prose_location",
+            re.compile(
+                rf"^{SUBJECT} (?P<aux>is|are) (?:\w+ly )?(?P<p>stored|kept|saved|written|"
+                r"located|installed|placed|cached|recorded|found) (?:in|under|at|inside) \S"
+            ),
+        ),
+        (
+            "prose_howto",
+            re.compile(
+                rf"^(?:To|In order to) {TASK}, (?:you (?:can|should|must|need to|have to) |"
+                r"simply |just |first )?(?:use|run|type|set|pass|add|give|specify|call|invoke|edit|"
+                r"create|configure|enable|disable|install|put|press|select|click|open|write|"
+                r"execute|start|remove|change)\b"
+            ),
+        ),  # fmt: skip
+        (
+            "prose_howto",
+            re.compile(
+                rf"^If you (?:want|need|wish|would like) to {TASK}, (?:then )?(?:you (?:can|"
+                r"should|must|need to|have to) )?(?:also )?(?:use|run|type|set|pass|add|give|"
+                r"specify|call|edit|create|configure|enable|disable|install)\b"
+            ),
+        ),  # fmt: skip
+        (
+            "prose_howto",
+            re.compile(
+                rf"^You can (?:also |easily |simply )?{TASK} (?:by (?:using|running|setting|"
+                r"passing|adding|typing|calling|editing)|with|using) \S"
+            ),
+        ),  # fmt: skip
         ("prose_howto", re.compile(rf"^Use (?!\w+ing\b)(?P<x>\S+(?: \S+){{0,3}}?) to {TASK}\.$")),
-        ("prose_condition", re.compile(rf"^(?P<w>If|When|Unless|After|Before|Once|In case of) (?P<t>[^,;]{{6,90}}), "
-                                       rf"(?:then )?(?P<s>{NAMED}|{CODE}|Git) (?:also |only |then |will |does not |"
-                                       r"do not |can |cannot |never |first )?(?!is\b|are\b|was\b|were\b)[a-z]+")),
-        ("prose_option_condition", re.compile(rf"^(?P<w>If|When) (?P<t>[^,;]*?(?<![\w-]){CODE}[^,;]{{0,60}}), "
-                                              rf"(?:then )?(?:the|a|an|all|no|each|any|only|its|their|Git|git|"
-                                              rf"{CODE}) ")),  # a statement of what happens, not an instruction
-        ("prose_how", re.compile(rf"^{SUBJECT} (?P<aux>is|are) (?:\w+ly )?(?P<p>[a-z]+ed|set|built|chosen|given|run|"
-                                 r"written|shown|made|taken|found|read|sent|kept|signaled|signalled) (?:by|with|using|"
-                                 r"through|via|from) \S")),  # fmt: skip
-        ("prose_definition", re.compile(rf"^{SUBJECT} (?:is|are) (?:an?|one of the) (?!(?:{'|'.join(EVALUATIVE)})\b)"
-                                        r"[\w-]+ \S")),  # fmt: skip
-        ("prose_behaviour", re.compile(rf"^(?P<s>{NAMED}|{CODE}) (?!is\b|are\b|has\b|was\b|as\b)(?:also |only |"
-                                       r"then |never |always |first |now )?[a-z]{3,}s\b \S")),  # fmt: skip
+        (
+            "prose_condition",
+            re.compile(
+                rf"^(?P<w>If|When|Unless|After|Before|Once|In case of) (?P<t>[^,;]{{6,90}}), "
+                rf"(?:then )?(?P<s>{NAMED}|{CODE}|Git) (?:also |only |then |will |does not |"
+                r"do not |can |cannot |never |first )?(?!is\b|are\b|was\b|were\b)[a-z]+"
+            ),
+        ),
+        (
+            "prose_option_condition",
+            re.compile(
+                rf"^(?P<w>If|When) (?P<t>[^,;]*?(?<![\w-]){CODE}[^,;]{{0,60}}), "
+                rf"(?:then )?(?:the|a|an|all|no|each|any|only|its|their|Git|git|"
+                rf"{CODE}) "
+            ),
+        ),  # a statement of what happens, not an instruction
+        (
+            "prose_how",
+            re.compile(
+                rf"^{SUBJECT} (?P<aux>is|are) (?:\w+ly )?(?P<p>[a-z]+ed|set|built|chosen|given|run|"
+                r"written|shown|made|taken|found|read|sent|kept|signaled|signalled) (?:by|with|using|"
+                r"through|via|from) \S"
+            ),
+        ),  # fmt: skip
+        (
+            "prose_definition",
+            re.compile(
+                rf"^{SUBJECT} (?:is|are) (?:an?|one of the) (?!(?:{'|'.join(EVALUATIVE)})\b)"
+                r"[\w-]+ \S"
+            ),
+        ),  # fmt: skip
+        (
+            "prose_behaviour",
+            re.compile(
+                rf"^(?P<s>{NAMED}|{CODE}) (?!is\b|are\b|has\b|was\b|as\b)(?:also |only |"
+                r"then |never |always |first |now )?[a-z]{3,}s\b \S"
+            ),
+        ),  # fmt: skip
     ],
     "es": [
-        ("prose_definition", re.compile(r"^(?P<s>(?:El |La |Los |Las |Un |Una )?[\w-]+(?: [\w-]+){0,3}?) (?:es|son) "
-                                        r"(?:un|una|el|la|los|las) \w+ \S")),  # fmt: skip
-        ("prose_meaning", re.compile(r"^(?P<s>(?:El |La |Los |Las )?[\w-]+(?: [\w-]+){0,3}?) (?:se refiere a|"
-                                     r"significa) \S")),  # fmt: skip
-        ("prose_purpose", re.compile(r"^(?P<s>(?:El |La |Los |Las )?[\w-]+(?: [\w-]+){0,3}?) (?:se usa|se utiliza|"
-                                     r"sirve) para \S")),  # fmt: skip
+        (
+            "prose_definition",
+            re.compile(
+                r"^(?P<s>(?:El |La |Los |Las |Un |Una )?[\w-]+(?: [\w-]+){0,3}?) (?:es|son) "
+                r"(?:un|una|el|la|los|las) \w+ \S"
+            ),
+        ),  # fmt: skip
+        (
+            "prose_meaning",
+            re.compile(
+                r"^(?P<s>(?:El |La |Los |Las )?[\w-]+(?: [\w-]+){0,3}?) (?:se refiere a|"
+                r"significa) \S"
+            ),
+        ),  # fmt: skip
+        (
+            "prose_purpose",
+            re.compile(
+                r"^(?P<s>(?:El |La |Los |Las )?[\w-]+(?: [\w-]+){0,3}?) (?:se usa|se utiliza|"
+                r"sirve) para \S"
+            ),
+        ),  # fmt: skip
         ("prose_enables", re.compile(r"^(?P<s>(?:El |La |Los |Las )?[\w-]+(?: [\w-]+){0,3}?) (?:le )?permiten? \S")),
-        ("prose_howto", re.compile(r"^Para (?P<t>[a-záéíóú]+(?:ar|er|ir)(?:l[oa]s?|se)? [^,;:]{4,90}), (?:(?:usted )?"
-                                   r"(?:puede|debe) )?(?:use|utilice|ejecute|escriba|instale|edite|configure|active|"
-                                   r"añada)\b")),  # fmt: skip
+        (
+            "prose_howto",
+            re.compile(
+                r"^Para (?P<t>[a-záéíóú]+(?:ar|er|ir)(?:l[oa]s?|se)? [^,;:]{4,90}), (?:(?:usted )?"
+                r"(?:puede|debe) )?(?:use|utilice|ejecute|escriba|instale|edite|configure|active|"
+                r"añada)\b"
+            ),
+        ),  # fmt: skip
     ],
 }
 ES_NOT_SUBJECT = _set("""esto este esta estos estas eso ese esa esos esas ello él ella ellos ellas usted lo le
@@ -249,7 +340,7 @@ def mine(text: str, lang: str = "en", seed: int = 0, subject: str | None = None)
 
 
 def _continued(previous: str, sentence: str, lang: str, seed: int, proper: frozenset[str]) -> tuple[Mined, str] | None:
-    """"A tag is a name for a commit. It is used to mark releases.": the second sentence, "it" read as the first one's
+    """ "A tag is a name for a commit. It is used to mark releases.": the second sentence, "it" read as the first one's
     subject, asked about that subject and answered by both sentences."""
     if lang != "en" or not re.match(r"^(?:It|They) ", sentence) or not is_prose(previous):
         return None
@@ -277,8 +368,11 @@ def _topic(found: list[str], lang: str, seed: int, proper: frozenset[str]) -> tu
         if len(answer) + len(sentence) + 1 > MAX_TOPIC_CHARS or not is_prose(sentence):
             break
         answer += " " + sentence
-    if not is_code(subject) and len(subject.split()) < 2 + subject.lower().startswith(("the ", "a ", "an ")) \
-            and subject not in proper:
+    if (
+        not is_code(subject)
+        and len(subject.split()) < 2 + subject.lower().startswith(("the ", "a ", "an "))
+        and subject not in proper
+    ):
         return None  # "Tell me about Client.": one plain word is too vague to ask about out of context, a name is not
     question = questions.ask("prose_topic", lang, seed, subject.lower(), s=shown(subject, proper))
     return Mined(question, answer, "prose_topic"), subject
@@ -309,8 +403,11 @@ def _pair(sentence: str, lang: str, seed: int, proper: frozenset[str]) -> tuple[
         if subject and not (good_subject(subject) if lang == "en" else _good_es(subject)):
             continue
         task = (groups.get("t") or "").strip()
-        if task and (re.search(r"\b(?:it|this|that|these|them|they)\b", task) or len(task.split()) < 2
-                     or task.split()[0] in NOT_SUBJECT_WORDS):  # "sometimes come up with ...": no task
+        if task and (
+            re.search(r"\b(?:it|this|that|these|them|they)\b", task)
+            or len(task.split()) < 2
+            or task.split()[0] in NOT_SUBJECT_WORDS
+        ):  # "sometimes come up with ...": no task
             continue
         parts = {"s": shown(subject, proper), "be": be(subject) if subject else "is", "t": task}
         if kind in ("prose_location", "prose_how"):
@@ -325,7 +422,7 @@ def _pair(sentence: str, lang: str, seed: int, proper: frozenset[str]) -> tuple[
 
 def _about_the_document(sentence: str, first: bool, subject: str | None, lang: str,
                         seed: int) -> tuple[Mined, str] | None:  # fmt: skip
-    """"This command removes ..." or, as its first sentence, "Remove unreachable objects." in a document about
+    """ "This command removes ..." or, as its first sentence, "Remove unreachable objects." in a document about
     `git gc`: What does `git gc` do? ("This tool is a ...": What is `git gc`?)"""
     if not subject or lang != "en":
         return None

@@ -225,8 +225,11 @@ PROSE_WORDINGS: dict[str, dict[str, list[str]]] = {
         "prose_option_condition": ["What happens {w} {t}?"],
         "prose_how": ["How {aux} {s} {p}?"],
         "prose_behaviour": ["What does {s} do?", "What is the effect of {s}?"],
-        "prose_topic": ["What should I know about {s}?", "Tell me about {s}.",
-                        "What does the documentation say about {s}?"],
+        "prose_topic": [
+            "What should I know about {s}?",
+            "Tell me about {s}.",
+            "What does the documentation say about {s}?",
+        ],
     },
     "es": {
         "prose_definition": ["¿Qué es {s}?", "¿Qué se entiende por {s}?"],

@@ -282,12 +282,29 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     teacher = report["details"].get("teacher")
     if teacher:
-        tables.append((f"Teacher ({teacher['teacher']}): {teacher['chunks']:,} chunks ({teacher['cached']:,} from the "
-                       f"cache), {teacher['proposed']:,} pairs proposed, {teacher['kept']:,} kept", ["rejected because",
-                       "pairs"], [[why, f"{n:,}"] for why, n in teacher["rejected"].items()] or [["nothing", "0"]]))
-        tables.append(("Teacher: rejected samples", ["question", "answer", "evidence", "why"],
-                       [[r.get("question", ""), _excerpt(r.get("answer", r.get("reply", ""))),
-                         _excerpt(r.get("evidence", "")), r["reason"]] for r in teacher["rejected_samples"]]))
+        tables.append(
+            (
+                f"Teacher ({teacher['teacher']}): {teacher['chunks']:,} chunks ({teacher['cached']:,} from the "
+                f"cache), {teacher['proposed']:,} pairs proposed, {teacher['kept']:,} kept",
+                ["rejected because", "pairs"],
+                [[why, f"{n:,}"] for why, n in teacher["rejected"].items()] or [["nothing", "0"]],
+            )
+        )
+        tables.append(
+            (
+                "Teacher: rejected samples",
+                ["question", "answer", "evidence", "why"],
+                [
+                    [
+                        r.get("question", ""),
+                        _excerpt(r.get("answer", r.get("reply", ""))),
+                        _excerpt(r.get("evidence", "")),
+                        r["reason"],
+                    ]
+                    for r in teacher["rejected_samples"]
+                ],
+            )
+        )
         tables.append(("Teacher: kept samples", ["question", "answer", "evidence"],
                        [[k["question"], _excerpt(k["answer"]), _excerpt(k["source"]["teacher_evidence"])]
                         for k in teacher["kept_samples"]]))  # fmt: skip

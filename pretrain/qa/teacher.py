@@ -62,6 +62,8 @@ def schema(pairs: int) -> dict[str, Any]:
     item = {"type": "object", "required": list(MAX_CHARS), "properties": fields}
     array = {"type": "array", "items": item, "minItems": 1, "maxItems": pairs}
     return {"type": "object", "properties": {"pairs": array}, "required": ["pairs"]}
+
+
 STOP_WORDS = frozenset({"the", "a", "an", "of", "to", "in", "on", "at", "for", "and", "or", "is", "are", "was", "were",
                         "be", "by", "with", "as", "it", "its", "this", "that", "from", "can", "you", "your", "not",
                         "no"})  # fmt: skip
