@@ -37,9 +37,11 @@ from forge.policy import Policy, load_policy
 
 log = logging.getLogger("forge.eval")
 
-# Tokens an item costs a model, for the time estimate: a multiple-choice prompt and its four answers, a Q&A prompt
-# (with few-shot examples for a base model), UTF-8 bytes per token of domain text (~4 for English).
-MC_TOKENS, QA_PROMPT_TOKENS, BYTES_PER_TOKEN = 200, 250, 4.0
+# Tokens an item costs a model, for the time estimate. A multiple-choice item is its four answers each after the
+# question and alone (PMI): measured on SmolLM2-135M and git's manual, 100 items took 230 s on 2 cores at a measured
+# 511 tokens/s, ~1,100 tokens each. A Q&A prompt (few-shot examples for a base model) ~250; domain text ~4 UTF-8
+# bytes per token; answers are decoded ~4 at a time (models/access.py batches them).
+MC_TOKENS, QA_PROMPT_TOKENS, BYTES_PER_TOKEN, DECODE_BATCH = 1100, 250, 4.0, 4
 # The random-init twin reads every test item and RANDOM_SHARE of the rest (evaluation/stage.py).
 RANDOM_SHARE = 0.25
 SPEED_CACHE = Path(os.environ.get("FORGE_CACHE", Path.home() / ".cache" / "forge")) / "speed.json"
@@ -160,7 +162,7 @@ def eval_cost(cfg: ForgeConfig, wanted: list[Need], speed: dict[str, float] | No
     scored += qa * QA_PROMPT_TOKENS
     out: dict[str, Any] = {"scored_tokens": round(scored), "generated_tokens": round(generated), "evaluations": 2}
     if speed:
-        seconds = scored / speed["prefill_tokens_s"] + generated / speed["decode_tokens_s"]
+        seconds = scored / speed["prefill_tokens_s"] + generated / (speed["decode_tokens_s"] * DECODE_BATCH)
         out |= {"seconds_each": round(seconds), "speed": speed}
     return out
 
@@ -176,7 +178,8 @@ def sft_budget(cfg: ForgeConfig, speed: dict[str, float] | None) -> dict[str, An
         out["epochs"] = round(steps * per_step / pairs, 3)
     if steps and speed:
         tokens = steps * per_step * min(s.max_seq_length, 256)  # a Q&A pair rendered is rarely longer
-        out["seconds"] = round(3 * tokens / speed["prefill_tokens_s"])  # forward + backward ~ 3 forwards
+        passes = 3 if s.mode == "full" else 2  # forward + backward ~3 forwards; LoRA computes no weight gradients
+        out["seconds"] = round(passes * tokens / speed["prefill_tokens_s"])  # 60 LoRA steps of SmolLM2: 444 s
     return out
 
 

@@ -90,7 +90,7 @@ flag bit object user setting variable values arguments options system time part 
 new next same other the a an""")
 CONTEXT = re.compile(r"\b(?:this|these|those|such) (?:option|command|flag|mode|setting|variable|value|file|case|form|"
                      r"one|format|field|example|section|page|step|method|function)s?\b|\b(?:above|below|as follows|"
-                     r"the following|shown here|like this|see also)\b", re.I)  # fmt: skip
+                     r"the following|in following|shown here|like this|see also)\b", re.I)  # fmt: skip
 EVALUATIVE = _set("""good bad great common useful easy simple mistake error lot little bit problem matter few
 nice better best worse fine way must possibility chance valid thing idea""")
 # A paragraph that opens by naming its subject: "`--date=unix` shows ...", "The staging area is ..."
