@@ -34,6 +34,14 @@ class Section(BaseModel):
     EXECUTION_ONLY: ClassVar[frozenset[str]] = frozenset()
 
 
+def refuse_gone(data: Any, section: str, gone: dict[str, str]) -> Any:
+    """A setting a config may still carry that no longer exists: an error naming it, its value and where it went."""
+    for old, why in gone.items():
+        if isinstance(data, dict) and old in data:
+            raise ValueError(f"{section}.{old}={data[old]!r}: {why}")
+    return data
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # data
 
@@ -434,14 +442,9 @@ class SFTConfig(Section):
     @classmethod
     def _data_moved(cls, data: Any) -> Any:
         # The Q&A set became a stage of its own (`forge qa`), which SFT and eval both read.
-        moved = {"data": "qa.source", "eval_fraction": "qa.eval_fraction"}
-        for old, new in moved.items():
-            if isinstance(data, dict) and old in data:
-                raise ValueError(
-                    f"sft.{old}={data[old]!r}: the setting moved to {new} (forge qa builds the Q&A set that sft and "
-                    f"eval read); use --set {new}=... instead"
-                )
-        return data
+        why = "the setting moved to {} (forge qa builds the Q&A set that sft and eval read); use --set {}=... instead"
+        return refuse_gone(data, "sft", {old: why.format(new, new) for old, new in
+                                         (("data", "qa.source"), ("eval_fraction", "qa.eval_fraction"))})  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -497,13 +500,10 @@ class EvalConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _bytes_became_items(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "max_test_bytes" in data:
-            raise ValueError(
-                f"eval.max_test_bytes={data['max_test_bytes']!r}: the test text is now scored as items (the gate "
-                "judges each rule on at least registry min_items of them); use eval.text_items (how many) and "
-                "eval.text_item_bytes (the largest item), e.g. --set eval.text_items=100"
-            )
-        return data
+        why = ("the test text is now scored as items (the gate judges each rule on at least registry min_items of "
+               "them); use eval.text_items (how many) and eval.text_item_bytes (the largest item), e.g. --set "
+               "eval.text_items=100")  # fmt: skip
+        return refuse_gone(data, "eval", {"max_test_bytes": why})
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -567,11 +567,9 @@ class PlanConfig(Section):
     @classmethod
     def _sharding_moved(cls, data: Any) -> Any:
         # plan.sharding was the plan's own what-if; the plan now estimates what `forge pretrain` runs
-        if isinstance(data, dict) and "sharding" in data:
-            raise ValueError(
-                f"plan.sharding={data['sharding']!r}: the setting moved to train.sharding (what forge pretrain runs "
-                "and forge plan estimates); use --set train.sharding=... instead"
-            )
+        why = "the setting moved to train.sharding (what forge pretrain runs and forge plan estimates); use --set " \
+              "train.sharding=... instead"  # fmt: skip
+        return refuse_gone(data, "plan", {"sharding": why})
         return data
 
 

@@ -35,7 +35,6 @@ from pretrain.qa.extract import normalize, sentences
 MIN_WORDS, MAX_WORDS = 6, 60
 MIN_NEW_WORDS = 3
 MAX_CODE_SHARE = 0.25
-LANGUAGES = ("en", "es")
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,6 @@ STOP_WORDS = frozenset({"the", "a", "an", "of", "to", "in", "on", "at", "for", "
                         "be", "by", "with", "as", "it", "its", "this", "that", "from", "can", "you", "your", "not",
                         "no"})  # fmt: skip
 SAMPLES = 10
-HELD_OUT = ("val", "test")
 
 
 @dataclass(frozen=True)
