@@ -344,11 +344,6 @@ def _is_table_row(line: str) -> bool:
     return " | " in line or line.lstrip().startswith("|")
 
 
-def prose_words(text: str, lang: str | None = None) -> list[str]:
-    """The words of the prose lines (what the language is judged on)."""
-    return [t for t in words.segment(prose_view(text, lang), lang) if is_word(t)]
-
-
 def language_sample(text: str, hint: str | None = None) -> tuple[str, int]:
     """(what the language detector reads, the prose words in it): the words of the prose lines, and a Chinese or
     Japanese line as written (the detector was trained on unspaced CJK text; its words alone lose the script's
