@@ -77,7 +77,7 @@ nothing something anything everything above below following latter former so onc
 while although because until then thus also only just not no very more less many few often usually always never
 sometimes can could will would should must may might is are was were be been being do does did has have had please
 see note cannot can't won't isn't aren't doesn't don't though nowadays currently therefore hence however instead
-otherwise""")
+otherwise even itself themselves""")
 # Imperatives that open a sentence ("Make sure ...", "Use ..."): never the first word of a subject.
 IMPERATIVES = _set("""make use set run see note try keep avoid let give take put do add remove show list create
 delete update check install specify pass call edit write read open close start stop enable disable""")
