@@ -42,7 +42,7 @@ from evaluation.text import SplitText, split_id, test_text, train_text
 from forge import ForgeError
 from forge.config import ForgeConfig
 from forge.hashing import hash_inputs, sha256_tree
-from forge.io import atomic_write_jsonl, atomic_write_text, remove_path
+from forge.io import atomic_write_jsonl, atomic_write_text, read_jsonl, remove_path
 from forge.lineage import Stage, candidate_model, completed_manifest, read_manifest, run_stage
 from forge.paths import run_dir
 from models.access import Backend, HFBackend, is_chat_model, open_model
@@ -166,7 +166,7 @@ def run(
         inputs["history"] = history
     if bench:
         inputs["benchmarks"] = ",".join(bench)
-    stage = Stage(name=name, cfg=cfg, sections=("eval",), inputs=inputs)
+    stage = Stage(name=name, cfg=cfg, inputs=inputs, spec="eval")
     # SFT's default reference is its base model: forgetting some raw-text prediction is expected, a lot is not.
     finetune_vs_base = target == "sft" and not cfg.eval.reference
     drift_bound = cfg.eval.max_finetune_ppl_drift if finetune_vs_base else cfg.eval.max_ppl_drift
@@ -238,7 +238,7 @@ def evaluate(
         finally:
             ref_backend.close()
 
-    history_records = _read_jsonl(history) if history else None
+    history_records = read_jsonl(history) if history else None
     generations = [s["ids"] for s in result["samples"]]
     text = result["text"]
     flags = [
@@ -368,13 +368,3 @@ def log_to_producer(stage: Stage, producer: Path | None, report: dict[str, Any])
             client.log_batch(run_id, metrics=batch)
     except Exception as exc:  # noqa: BLE001 - the producing run may have been deleted; the eval itself stands
         log.warning("eval: could not log to the producing MLflow run %s: %s", run_id, exc)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out

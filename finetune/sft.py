@@ -97,7 +97,7 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     base = base_model_dir(cfg)
     qa = qa_set(cfg)
     inputs = {"base": base, "data": qa.train, "held_out": qa.held_out}
-    stage = Stage(name="sft", cfg=cfg, sections=("sft",), inputs=inputs)
+    stage = Stage(name="sft", cfg=cfg, inputs=inputs)
     return run_stage(stage, lambda s: _sft(s, qa), force=force)
 
 

@@ -609,13 +609,21 @@ class ForgeConfig(Section):
                 self.train.__dict__["warmup_steps"] = max(1, int(self.train.max_steps * self.CONTINUED_WARMUP_FRACTION))
         return self
 
+    def settings(self, *names: str) -> dict[str, Any]:
+        """The named sections ("sft", less their execution-only fields) or single fields ("sft.system_prompt")."""
+        out: dict[str, Any] = {}
+        for name in names:
+            section_name, _, field_name = name.partition(".")
+            section = getattr(self, section_name)
+            if field_name:
+                out[name] = section.model_dump(mode="json", include={field_name})[field_name]
+            else:
+                out[name] = section.model_dump(mode="json", exclude=set(section.EXECUTION_ONLY))
+        return out
+
     def section_hash(self, *sections: str) -> str:
-        """sha256 of the named sections (plus the seed), the config part of a stage's skip key."""
-        payload = {}
-        for name in sections:
-            section = getattr(self, name)
-            payload[name] = section.model_dump(mode="json", exclude=set(section.EXECUTION_ONLY))
-        payload["seed"] = self.seed
+        """sha256 of the named settings (plus the seed), the config part of a stage's skip key."""
+        payload = {**self.settings(*sections), "seed": self.seed}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
     def to_yaml(self) -> str:

@@ -7,6 +7,7 @@ onto it (a rename within one directory is atomic on POSIX).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -48,6 +49,32 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 def atomic_write_jsonl(path: Path, rows: Iterable[Any]) -> None:
     """One JSON value per line (UTF-8 kept readable), the format of every .jsonl Forge writes."""
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each line of a JSONL file, `.zst` ones decompressed on the fly; blank lines are
+    skipped, and a line that is not JSON gives its json.JSONDecodeError as the value, so each caller decides:
+    skip it, report it with its line number, or refuse the file. The one JSONL reader of the project."""
+    with open(path, "rb") as raw:
+        stream: Any = raw
+        if Path(path).suffix == ".zst":
+            import zstandard
+
+            stream = zstandard.ZstdDecompressor().stream_reader(raw)
+        for number, line in enumerate(io.TextIOWrapper(stream, encoding="utf-8", errors="replace"), start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield number, exc
+
+
+def read_jsonl(path: Path) -> list[Any]:
+    """The values of a JSONL file Forge wrote, without a torn line (a killed writer may leave one); [] if absent."""
+    if not Path(path).is_file():
+        return []
+    return [value for _, value in iter_jsonl(path) if not isinstance(value, json.JSONDecodeError)]
 
 
 def remove_path(path: Path) -> None:

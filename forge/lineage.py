@@ -6,7 +6,8 @@ Every stage writes under `runs/<run-name>/<stage>/`:
                  start/end times, status and headline metrics
 
 The manifest is written last and atomically, so a stage is complete exactly when its manifest says so. A stage
-whose config hash and input hashes equal those of its complete manifest is skipped; `force=True` re-runs it.
+whose skip key (the hash of the settings it reads, of its inputs and of its code, as forge.stages declares them)
+equals that of its complete manifest is skipped; `force=True` re-runs it.
 Files are written through forge.io's atomic writes; forge.paths says where runs live, forge.hashing how inputs
 and outputs are hashed.
 """
@@ -27,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from forge import ForgeError, tracking
+from forge.code import code_fingerprint
 from forge.config import ForgeConfig
 from forge.hashing import hash_inputs, sha256_file
 from forge.io import atomic_write_json, atomic_write_text, utc_now
 from forge.paths import run_dir
+from forge.stages import STAGES
 
 log = logging.getLogger("forge")
 
@@ -73,19 +76,24 @@ def library_versions() -> dict[str, str]:
 class Stage:
     """One stage of one run: its directory, its skip key and its manifest.
 
-    `sections` names the config sections the stage depends on; `inputs` maps a name to an input file or
+    `name` is the directory (eval-pretrain), `spec` the entry of forge.stages.STAGES it runs (eval; by default the
+    name), which says what config it reads and what code it runs; `inputs` maps a name to an input file or
     directory (hashed by content) or to a literal id string (hashed by value).
     """
 
     name: str
     cfg: ForgeConfig
-    sections: tuple[str, ...]
     inputs: Mapping[str, Path | str] = field(default_factory=dict)
+    spec: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     tracker: Any = field(default=None, repr=False, compare=False)  # the StageTracker while the body runs
     # Globs of outputs not uploaded to MLflow (token shards, checkpoints, GGUFs): they stay on disk, hashed in the
     # manifest; the registry uploads the model a version needs.
     artifact_exclude: tuple[str, ...] = ()
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        return STAGES[self.spec or self.name].settings
 
     @property
     def dir(self) -> Path:
@@ -99,16 +107,16 @@ class Stage:
         return read_manifest(self.dir)
 
     def skip_key(self) -> dict[str, Any]:
-        return {"config_hash": self.cfg.section_hash(*self.sections), "inputs": hash_inputs(self.inputs)}
+        """What must be unchanged for the stage to be skipped: the config it reads, its inputs, its code."""
+        return {
+            "config_hash": self.cfg.section_hash(*self.sections),
+            "inputs": hash_inputs(self.inputs),
+            "code": code_fingerprint(STAGES[self.spec or self.name].module),
+        }
 
     def up_to_date(self, key: dict[str, Any]) -> bool:
         old = self.read_manifest()
-        return bool(
-            old
-            and old.get("status") == "complete"
-            and old.get("config_hash") == key["config_hash"]
-            and old.get("inputs") == key["inputs"]
-        )
+        return bool(old and old.get("status") == "complete" and all(old.get(k) == v for k, v in key.items()))
 
     def output_hashes(self) -> dict[str, str]:
         return {
@@ -147,6 +155,7 @@ def require_completed(cfg: ForgeConfig, stage: str) -> Path:
     return stage_dir
 
 
+KEY_NAMES = {"config_hash": "settings", "inputs": "inputs", "code": "code"}
 MODEL_STAGES = ("sft", "pretrain")  # the stages that export a Hugging Face model directory, newest first
 
 
@@ -178,10 +187,13 @@ def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], fo
     """
     key = stage.skip_key()
     if not force and stage.up_to_date(key):
-        log.info("%s: up to date, skipped (inputs and config unchanged; --force re-runs it)", stage.name)
+        log.info("%s: up to date, skipped (its inputs, settings and code unchanged; --force re-runs it)", stage.name)
         done = stage.read_manifest()
         assert done is not None  # up_to_date() just read it
         return done
+    if (old := completed_manifest(stage.dir)) is not None and not force:
+        changed = [KEY_NAMES[k] for k in key if old.get(k) != key[k]]
+        log.info("%s: re-running, its %s changed since the last run", stage.name, " and ".join(changed))
 
     stage.dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(stage.dir / CONFIG_FILE, stage.cfg.to_yaml())
@@ -201,7 +213,7 @@ def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], fo
     atomic_write_json(stage.manifest_path, manifest)
     start = time.time()
     with tracking.stage_run(stage.cfg, stage.name) as tracker:
-        tracker.log_params({s: getattr(stage.cfg, s).model_dump(mode="json") for s in stage.sections})
+        tracker.log_params(stage.cfg.settings(*stage.sections))
         stage.tracker = tracker
         try:
             returned = body(stage) or {}

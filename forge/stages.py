@@ -6,6 +6,9 @@ this table, so a stage is wired in one place, and `forge/` never imports a stage
 when the verb runs (which also keeps `forge --help` fast).
 
     dirs     the directories the stage writes under runs/<run>/ (eval: one per model it evaluates)
+    settings the config it reads: whole sections ("data") or single fields ("sft.system_prompt"). With the code it
+             runs (forge.code) and its inputs' hashes, they are its skip key: change any and the stage re-runs,
+             change another section and it is skipped. tests/test_stage_reads.py checks the list against the code.
     reads    the stages whose outputs it reads (their directories must hold a complete manifest)
     files    named outputs other stages and the report card read, relative to the run directory
     calls    other functions of the stage's package a verb needs (promote's decision table, registry history)
@@ -26,6 +29,7 @@ class StageSpec:
     target: str
     summary: str
     dirs: tuple[str, ...] = ()
+    settings: tuple[str, ...] = ()
     reads: tuple[str, ...] = ()
     files: dict[str, str] = field(default_factory=dict)
     calls: dict[str, str] = field(default_factory=dict)
@@ -33,7 +37,11 @@ class StageSpec:
     @property
     def code(self) -> str:
         """The source file of the stage's function, relative to the repository: where a newcomer starts reading."""
-        return self.target.partition(":")[0].replace(".", "/") + ".py"
+        return self.module.replace(".", "/") + ".py"
+
+    @property
+    def module(self) -> str:
+        return self.target.partition(":")[0]
 
     def load(self) -> Callable[..., Any]:
         return load(self.target)
@@ -52,34 +60,41 @@ STAGES: dict[str, StageSpec] = {
     spec.name: spec
     for spec in [
         StageSpec("plan", "pretrain.plan:run", "parameters, token budget, memory per GPU, OOM verdict and time",
-                  dirs=("plan",), files={"plan": "plan/plan.json"}),
+                  dirs=("plan",), settings=("plan", "model", "train", "tokenizer"),
+                  files={"plan": "plan/plan.json"}),
         StageSpec("evidence", "evaluation.evidence:check_run",
                   "check that eval will give every gate rule its min_items, and what eval and SFT will cost",
                   calls={"render": "evaluation.evidence:render"}),
         StageSpec("data", "pretrain.data.stage:run",
                   "ingest, split into train/val/test, clean, deduplicate, report what was removed",
-                  dirs=("data",), files={"plot": "data/removed_by_filter.png", "report": "data/report.json"}),
+                  dirs=("data",), settings=("data",),
+                  files={"plot": "data/removed_by_filter.png", "report": "data/report.json"}),
         StageSpec("qa", "pretrain.qa.stage:run",
                   "domain Q&A pairs from the corpus (or your JSONL), held out from val/test",
-                  dirs=("qa",), reads=("data",), files={"report": "qa/report.json"}),
+                  # the data settings decide the documents, their splits and the dedup the pairs get
+                  dirs=("qa",), settings=("qa", "data"), reads=("data",), files={"report": "qa/report.json"}),
         StageSpec("tokenizer", "pretrain.tokenizer:run",
                   "train a byte-level BPE on train, check compression, write token shards",
-                  dirs=("tokenizer",), reads=("data",)),
+                  dirs=("tokenizer",), settings=("tokenizer", "model.init_from"), reads=("data",)),
         StageSpec("pretrain", "pretrain.train:run",
                   "train the decoder-only model with Accelerate; export the best checkpoint",
-                  dirs=("pretrain",), reads=("tokenizer",), files={"plot": "pretrain/loss_curves.png"}),
+                  dirs=("pretrain",), settings=("model", "train", "plan.peak_tflops"), reads=("tokenizer",),
+                  files={"plot": "pretrain/loss_curves.png"}),
         StageSpec("eval", "evaluation.stage:run", "bits per byte, domain tasks and red flags for a model",
-                  dirs=("eval-pretrain", "eval-sft"), reads=("data", "qa", "tokenizer", "pretrain", "sft"),
+                  dirs=("eval-pretrain", "eval-sft"), settings=("eval", "sft.system_prompt", "model.init_from"),
+                  reads=("data", "qa", "tokenizer", "pretrain", "sft"),
                   files={"pretrain": "eval-pretrain/eval.json", "sft": "eval-sft/eval.json",
                          "plot": "eval-pretrain/plots/val_ppl.png"}),
         StageSpec("sft", "finetune.sft:run", "supervised fine-tuning with TRL on domain Q&A (full, LoRA, QLoRA)",
-                  dirs=("sft",), reads=("pretrain", "qa")),
+                  dirs=("sft",), settings=("sft",), reads=("pretrain", "qa")),
         StageSpec("quantize", "serve.quantize:run",
                   "GGUF f16/Q8_0/Q4_K_M and bitsandbytes 8/4-bit, with quality drift",
-                  dirs=("quantize",), reads=("pretrain", "sft"), files={"report": "quantize/quantize.json"}),
+                  dirs=("quantize",), settings=("quantize",), reads=("pretrain", "sft"),
+                  files={"report": "quantize/quantize.json"}),
         StageSpec("register", "registry.register:run",
                   "register the candidate in the MLflow model registry with its evidence",
-                  dirs=("register",), reads=("eval", "quantize"), files={"version": "register/version.json"}),
+                  dirs=("register",), settings=("registry",), reads=("eval", "quantize"),
+                  files={"version": "register/version.json"}),
         StageSpec("promote", "registry.promote:promote_run", "move the production alias if the gate passes",
                   reads=("register",), files={"decision": "promote/decision.json"},
                   calls={"decide": "registry.promote:promote", "events": "registry.audit:events",

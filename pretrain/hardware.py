@@ -1,6 +1,6 @@
 """The hardware Forge plans for and measures against: one table of device profiles, FLOPs per token, peak FLOP/s.
 
-    hardware_profile(cfg, name)         a named profile (plan.hardware, `forge plan --hardware`), "cpu" (this
+    hardware_profile(cfg.plan, name)    a named profile (plan.hardware, `forge plan --hardware`), "cpu" (this
                                         machine) or "custom" (plan.memory_gb and plan.peak_tflops)
     flops_per_token(cfg.model, vocab)   6 N (forward + backward of every matmul weight, the output head included)
                                         + 12 L H T (attention scores and values, PaLM appendix B)
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forge import ForgeError
-from forge.config import ForgeConfig, ModelConfig
+from forge.config import ForgeConfig, ModelConfig, PlanConfig
 from pretrain.model import parameter_breakdown
 
 GIB = 1024**3
@@ -83,9 +83,8 @@ def cpu_fp32_lanes(cpuinfo: Path = Path("/proc/cpuinfo")) -> int:
     return 16 if "avx512f" in flags else 8
 
 
-def hardware_profile(cfg: ForgeConfig, name: str | None = None) -> Hardware:
+def hardware_profile(p: PlanConfig, name: str | None = None) -> Hardware:
     """The profile named by `name` or plan.hardware; plan.memory_gb / plan.peak_tflops override its figures."""
-    p = cfg.plan
     key = (name or p.hardware).lower()
     key = ALIASES.get(key, key)
     if key == "custom":

@@ -45,6 +45,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from forge import ForgeError
 from forge.config import ForgeConfig, ModelConfig
 from forge.io import atomic_write_json, atomic_write_text
 from forge.lineage import Stage, completed_manifest, run_stage
@@ -176,7 +177,7 @@ def corpus_tokens(cfg: ForgeConfig) -> tuple[int | None, int | None, str]:
 def estimate(cfg: ForgeConfig, hardware: str | None = None, attention: str = "sdpa") -> dict[str, Any]:
     """The whole plan as a JSON-ready dict (sizes in bytes, times in seconds)."""
     m, t, p = model_config(cfg), cfg.train, cfg.plan  # with model.init_from: the base's shape, from its config
-    hw = hardware_profile(cfg, hardware)
+    hw = hardware_profile(cfg.plan, hardware)
     train_tokens, trained_vocab, tokens_source = corpus_tokens(cfg)
     untrained = m.vocab_size if cfg.model.init_from else cfg.tokenizer.vocab_size  # a base's vocabulary is its own
     tokenizer_vocab = trained_vocab if trained_vocab is not None else untrained
@@ -421,6 +422,32 @@ def render_text(plan: dict[str, Any]) -> str:
     return "\n".join(line for line in lines if line is not None) + "\n"
 
 
+def training_budget(cfg: ForgeConfig, vocab_size: int, tokens_train: int) -> dict[str, Any]:
+    """Tokens per parameter of the model the run trains, on the train split as tokenized, against the
+    TOKENS_PER_PARAM rule: the pretrain stage logs it (the plan can only estimate the tokens before the data)."""
+    try:
+        m = model_config(cfg)
+        params = count_parameters(m, m.vocab_size or vocab_size)
+    except ForgeError as exc:
+        return {"warning": f"parameter count unavailable: {exc}"}
+    ratio = tokens_train / params
+    low, high = TOKENS_PER_PARAM
+    out: dict[str, Any] = {"parameters": params, "tokens_train": tokens_train, "tokens_per_parameter": round(ratio, 4)}
+    if cfg.model.init_from is not None:
+        out["note"] = (
+            f"continued pretraining of {cfg.model.init_from}: the {low}-{high}x rule is for training from scratch"
+        )
+    elif ratio < low:
+        out["warning"] = (
+            f"the train split has {ratio:.2f} tokens per parameter of the configured model ({params:,} parameters), "
+            f"below {low} tokens per parameter: one epoch under-trains it; add data, plan several epochs or use a "
+            "smaller model"
+        )
+    elif ratio > high:
+        out["note"] = f"{ratio:.1f} tokens per parameter, above {high}x: a bigger model could use this data"
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # the stage
 
@@ -439,7 +466,7 @@ def run(cfg: ForgeConfig, force: bool = False, hardware: str | None = None, **op
     if measured_mfu(cfg)[0] is not None:
         inputs["pretrain_manifest"] = pretrain_manifest
     inputs["train_sharding"] = cfg.train.sharding  # execution-only for pretrain (out of the config hash), not here
-    stage = Stage(name="plan", cfg=cfg, sections=("plan", "model", "train", "tokenizer"), inputs=inputs)
+    stage = Stage(name="plan", cfg=cfg, inputs=inputs)
 
     def body(stage: Stage) -> dict[str, float]:
         atomic_write_json(stage.dir / "plan.json", plan)

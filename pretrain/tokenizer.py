@@ -42,7 +42,6 @@ from forge.hashing import sha256_file
 from forge.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from forge.lineage import Stage, require_completed, run_stage
 from pretrain.data.splits import SPLITS
-from pretrain.plan import TOKENS_PER_PARAM
 from pretrain.token_shards import SplitStats, iter_text_batches, load_split, write_shards
 
 log = logging.getLogger("forge.tokenizer")
@@ -364,42 +363,7 @@ def compression_report(
     return report
 
 
-def training_budget(cfg: ForgeConfig, vocab_size: int, tokens_train: int) -> dict[str, Any]:
-    """Tokens per parameter of the configured model against the 20-100 tokens per parameter rule (pretrain/plan.py)."""
-    try:
-        from pretrain.model import count_parameters, model_config
-    except ImportError as exc:
-        return {"note": f"parameter count unavailable ({exc}); tokens per parameter not computed"}
-    try:
-        m = model_config(cfg)
-        params = count_parameters(m, m.vocab_size or vocab_size)
-    except ForgeError as exc:
-        return {"note": f"parameter count unavailable: {exc}", "warning": str(exc)}
-    ratio = tokens_train / params
-    low, high = TOKENS_PER_PARAM
-    out: dict[str, Any] = {
-        "parameters": params,
-        "tokens_train": tokens_train,
-        "tokens_per_parameter": round(ratio, 4),
-        "rule": f"{low}-{high} tokens per parameter",
-        "model_config_hash": cfg.section_hash("model"),  # the ratio is for this model config only
-    }
-    if cfg.model.init_from is not None:
-        out["note"] = (
-            f"continued pretraining of {cfg.model.init_from}: the {low}-{high}x rule is for training from scratch"
-        )
-    elif ratio < low:
-        out["warning"] = (
-            f"the train split has {ratio:.2f} tokens per parameter of the configured model ({params:,} parameters), "
-            f"below {low} tokens per parameter: one epoch under-trains it; add data, plan several epochs or use a "
-            "smaller model"
-        )
-    elif ratio > high:
-        out["note"] = f"{ratio:.1f} tokens per parameter, above {high}x: a bigger model could use this data"
-    return out
-
-
-def report_markdown(report: dict[str, Any], splits: dict[str, dict[str, int]], budget: dict[str, Any]) -> str:
+def report_markdown(report: dict[str, Any], splits: dict[str, dict[str, int]]) -> str:
     r = report
     lines = [
         f"# Tokenizer report: compression on {r['split']}",
@@ -418,15 +382,7 @@ def report_markdown(report: dict[str, Any], splits: dict[str, dict[str, int]], b
         *(f"| {name} | {s['documents']:,} | {s['tokens']:,} |" for name, s in splits.items()),
         "",
     ]
-    if "tokens_per_parameter" in budget:
-        lines.append(
-            f"Tokens per parameter: {budget['tokens_per_parameter']:.2f} ({budget['tokens_train']:,} train tokens, "
-            f"{budget['parameters']:,} parameters; rule {budget['rule']})."
-        )
-    for key in ("note", "warning"):
-        if key in budget:
-            lines.append(f"Training budget {key}: {budget[key]}")
-    lines += ["", f"Most frequent {r['split']} tokens:", "", "| id | text | count | share |", "|---:|---|---:|---:|"]
+    lines += [f"Most frequent {r['split']} tokens:", "", "| id | text | count | share |", "|---:|---|---:|---:|"]
     for t in r["top_tokens"]:
         text = repr(t["text"]).replace("|", "\\|")  # a pipe would end the table cell
         lines.append(f"| {t['id']} | `{text}` | {t['count']:,} | {t['share']:.2%} |")
@@ -449,7 +405,6 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     stage = Stage(
         name="tokenizer",
         cfg=cfg,
-        sections=("tokenizer",),
         inputs={split: shard_listing(files) for split, files in shards.items()},
         artifact_exclude=("shards/*",),
     )
@@ -465,8 +420,7 @@ def run_base(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     shards = data_shards(cfg)
     stage = Stage(
         name="tokenizer",
-        cfg=cfg,
-        sections=(),  # the tokenizer section is not used: the base's tokenizer is an input, by content
+        cfg=cfg,  # the base's tokenizer is an input, by content
         inputs={**{split: shard_listing(files) for split, files in shards.items()}, "base": base.path},
         artifact_exclude=("shards/*",),
     )
@@ -519,16 +473,15 @@ def _shards_and_report(
     report = compression_report(tokenizer, stats, tcfg, unk_token=unk_token, from_base="base" in extra)
     report["roundtrip_checked_documents"] = checked
     splits = {k: {"documents": v.documents, "doc_tokens": v.doc_tokens, "tokens": v.tokens} for k, v in stats.items()}
-    budget = training_budget(stage.cfg, tokenizer.get_vocab_size(), stats["train"].tokens)
-    atomic_write_json(stage.dir / "report.json", {**report, "splits": splits, "training_budget": budget, **extra})
-    markdown = report_markdown(report, splits, budget)
+    atomic_write_json(stage.dir / "report.json", {**report, "splits": splits, **extra})
+    markdown = report_markdown(report, splits)
     if "base" in extra:
         b = extra["base"]
         markdown = markdown.replace("\n\n", f"\n\nThe base model's tokenizer, not trained here: {b['path']} "
                                     f"({b['origin']}, sha256 {b['sha256'][:16]}...).\n\n", 1)  # fmt: skip
     atomic_write_text(stage.dir / "report.md", markdown)
     log.info("tokenizer report (%s):\n%s", stage.dir / "report.md", markdown)
-    for warning in [*report["warnings"], *([budget["warning"]] if "warning" in budget else [])]:
+    for warning in report["warnings"]:
         log.warning("tokenizer: %s", warning)
 
     metrics: dict[str, float] = {f"tokens_{k}": v.tokens for k, v in stats.items()}
@@ -542,6 +495,4 @@ def _shards_and_report(
         "encode_seconds": round(encode_seconds, 3),
         "roundtrip_failures": 0,  # check_roundtrip raises on the first failure
     }
-    if "tokens_per_parameter" in budget:
-        metrics |= {"tokens_per_parameter": budget["tokens_per_parameter"], "model_parameters": budget["parameters"]}
     return metrics

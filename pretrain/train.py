@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from forge import ForgeError, render
 from forge.config import ForgeConfig, TrainConfig
-from forge.io import atomic_path, atomic_write_json, atomic_write_jsonl
+from forge.io import atomic_path, atomic_write_json, atomic_write_jsonl, read_jsonl
 from forge.lineage import Stage, read_manifest, run_stage
 from forge.paths import run_dir
 from models import TOKENIZER_FILES
@@ -55,6 +55,7 @@ from pretrain import checkpoint as ckpt
 from pretrain.hardware import flops_per_token, peak_flops
 from pretrain.loader import IGNORE, WindowLoader, eval_windows, iter_eval_batches
 from pretrain.monitor import LossSpikes, ValRise, check_finite
+from pretrain.plan import training_budget
 from pretrain.sharding import clip_grad_norm, local_parameters, shard, use_fsdp
 from pretrain.token_shards import load_split, read_meta
 
@@ -76,7 +77,6 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     stage = Stage(
         name="pretrain",
         cfg=cfg,
-        sections=("model", "train"),
         inputs={
             **{name: tok_dir / name for name in TOKENIZER_FILES if (tok_dir / name).is_file()},
             "shards": tok_dir / "shards",
@@ -91,7 +91,7 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     accelerator.wait_for_everyone()  # every process has read the old manifest before the main one rewrites it
 
     def body(s: Stage) -> dict[str, float]:
-        return train(s, accelerator, key, resume=resume)
+        return {**log_training_budget(cfg, tok_dir), **train(s, accelerator, key, resume=resume)}
 
     if accelerator.is_main_process:
         manifest = run_stage(stage, body, force=force)
@@ -102,6 +102,23 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
         manifest = {}
     accelerator.wait_for_everyone()
     return manifest if accelerator.is_main_process else (read_manifest(stage.dir) or manifest)
+
+
+def log_training_budget(cfg: ForgeConfig, tok_dir: Path) -> dict[str, float]:
+    """Tokens per parameter of this model on the tokenized train split, logged with its note or warning."""
+    meta = read_meta(tok_dir / "shards")
+    budget = training_budget(cfg, int(meta["vocab_size"]), int(meta["splits"]["train"]["tokens"]))
+    if "tokens_per_parameter" in budget:
+        ratio, tokens, params = budget["tokens_per_parameter"], budget["tokens_train"], budget["parameters"]
+        log.info("pretrain: %.2f tokens per parameter (%s train tokens, %s parameters)", ratio, f"{tokens:,}",
+                 f"{params:,}")  # fmt: skip
+    if "note" in budget:
+        log.info("pretrain: %s", budget["note"])
+    if "warning" in budget:
+        log.warning("pretrain: %s", budget["warning"])
+    if "tokens_per_parameter" not in budget:
+        return {}
+    return {"tokens_per_parameter": budget["tokens_per_parameter"], "model_parameters": budget["parameters"]}
 
 
 def check_tokenizer_stage(tok_dir: Path) -> None:
@@ -516,12 +533,7 @@ def save_best(best_dir: Path, model: torch.nn.Module, best: dict[str, Any]) -> N
 
 def read_records(path: Path) -> list[dict[str, Any]]:
     """The metrics log, without a torn last line (a killed run may leave one)."""
-    records = []
-    if Path(path).is_file():
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                records.append(json.loads(line))
-    return records
+    return read_jsonl(path)
 
 
 # ----------------------------------------------------------------------------------------------------------------

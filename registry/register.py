@@ -66,7 +66,7 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
         else:
             log.warning("register: %s not found: the version will carry no %s evidence and cannot pass the gate",
                         path, name)  # fmt: skip
-    stage = Stage(name="register", cfg=cfg, sections=("registry",), inputs=inputs)
+    stage = Stage(name="register", cfg=cfg, inputs=inputs)
     return run_stage(stage, lambda s: _register(s, src), force=force)
 
 

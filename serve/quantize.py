@@ -422,7 +422,6 @@ def run(cfg: ForgeConfig, force: bool = False, target: str = "auto") -> dict[str
     stage = Stage(
         name="quantize",
         cfg=cfg,
-        sections=("quantize",),
         inputs={"model": model_dir, "test_split": test_split},
         artifact_exclude=("*.gguf",),  # the registry uploads the GGUFs a version carries
     )

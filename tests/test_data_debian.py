@@ -84,7 +84,7 @@ def sections_of(root: Path, cfg: DataConfig) -> dict[str, int]:
 def run_set(root: Path, languages: list[str]) -> dict:
     data = DataConfig(inputs=[str(root)], languages=languages)
     assert data == DataConfig(inputs=[str(root)], languages=languages, profile="docs")  # the defaults, nothing else
-    s = Stage(name="data", cfg=ForgeConfig(run_name=root.name, data=data), sections=("data",))
+    s = Stage(name="data", cfg=ForgeConfig(run_name=root.name, data=data))
     start = time.time()
     stage.build(s)
     wall = time.time() - start

@@ -185,7 +185,7 @@ def build_dirty_corpus(root: Path) -> dict[str, object]:
 
 def build(data: DataConfig, run_name: str = "t") -> Path:
     """The stage body without MLflow (fast); the CLI test below goes through run_stage."""
-    s = Stage(name="data", cfg=ForgeConfig(run_name=run_name, data=data), sections=("data",))
+    s = Stage(name="data", cfg=ForgeConfig(run_name=run_name, data=data))
     stage.build(s)
     return s.dir
 

@@ -91,7 +91,7 @@ def varied_paragraph(seed: int) -> str:
 
 def run_data(root: Path, name: str, **data: object) -> tuple[Path, dict]:
     cfg = ForgeConfig(run_name=name, data=DataConfig(inputs=[str(root)], workers=1, **data))
-    s = Stage(name="data", cfg=cfg, sections=("data",))
+    s = Stage(name="data", cfg=cfg)
     stage.build(s)
     return s.dir, json.loads((s.dir / "report.json").read_text())
 

@@ -33,7 +33,7 @@ def source(tmp_path):
 
 
 def make_stage(cfg, source):
-    return Stage("toy", cfg, sections=("data",), inputs={"corpus": source})
+    return Stage("toy", cfg, inputs={"corpus": source}, spec="data")
 
 
 def test_unchanged_stage_is_skipped_and_changes_rerun_it(source):

@@ -25,6 +25,7 @@ from pretrain.plan import (
     memory_estimate,
     render_text,
     run,
+    training_budget,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,6 +82,21 @@ def test_125m_wants_2_5_to_10b_tokens():
     assert 2.4e9 <= tokens["recommended_min"] <= 2.6e9
     assert tokens["recommended_max"] >= 10e9
     assert tokens["corpus_train"] is None and "unknown" in tokens["corpus_source"]
+
+
+def test_the_tokenized_train_split_is_judged_in_tokens_per_parameter_of_the_model_trained():
+    cfg = load_config(CONFIGS / "125m.yaml", M125)
+    params = training_budget(cfg, 32_000, 1)["parameters"]
+    assert 120e6 < params < 130e6
+    short = training_budget(cfg, 32_000, 10 * params)
+    assert short["tokens_per_parameter"] == 10 and short["warning"].startswith("the train split has 10.00 tokens")
+    assert set(training_budget(cfg, 32_000, 50 * params)) == {"parameters", "tokens_train", "tokens_per_parameter"}
+    assert "a bigger model could use" in training_budget(cfg, 32_000, 200 * params)["note"]
+    continued = load_config(CONFIGS / "125m.yaml", [*M125, "model.init_from=/models/base"])
+    missing_base = training_budget(continued, 32_000, 10 * params)  # no base at that path: no shape to count
+    assert (
+        missing_base["warning"].startswith("parameter count unavailable") and "/models/base" in missing_base["warning"]
+    )
 
 
 def test_10b_tokens_of_text_take_about_40_gb():
@@ -148,13 +164,13 @@ def time_of(plan: dict) -> float:
 def test_known_profiles_and_custom():
     assert {"rtx4090", "a100-40gb", "a100-80gb", "h100-80gb", "h200"} <= set(PROFILES)
     cfg = load_config(None, ["plan.hardware=custom", "plan.memory_gb=48", "plan.peak_tflops=180"])
-    hw = hardware_profile(cfg)
+    hw = hardware_profile(cfg.plan)
     assert (hw.memory_gib, hw.peak_tflops) == (48, 180)
-    assert hardware_profile(load_config(None), "cpu").kind == "cpu"
+    assert hardware_profile(load_config(None).plan, "cpu").kind == "cpu"
     with pytest.raises(ForgeError, match="needs plan.memory_gb"):
-        hardware_profile(load_config(None, ["plan.hardware=custom"]))
+        hardware_profile(load_config(None, ["plan.hardware=custom"]).plan)
     with pytest.raises(ForgeError, match="not a known profile; use one of rtx4090"):
-        hardware_profile(load_config(None), "tpu-v9")
+        hardware_profile(load_config(None).plan, "tpu-v9")
 
 
 def test_a_gpu_is_matched_to_its_profile_by_its_most_specific_device_name():
@@ -364,7 +380,7 @@ def _measure(runs: dict[str, dict], device: str, bf16: bool) -> dict[str, int]:
 
 
 def _planned(spec: dict, hardware: str, precision: str) -> float:
-    hw = hardware_profile(load_config(None), hardware)
+    hw = hardware_profile(load_config(None).plan, hardware)
     model_cfg = ModelConfig(**spec["model"])
     est = memory_estimate(model_cfg, spec["vocab"], hw, precision, spec["b"], spec["s"], spec["ckpt"])
     return est["total"] - est["overhead"]  # the probe measures tensors, not the CUDA context

@@ -290,8 +290,7 @@ def test_report_and_manifest_metrics_on_english(english_run, monkeypatch):
     markdown = (out / "report.md").read_text()
     print(markdown)  # shown with pytest -s
     assert "tokens per word" in markdown and "WARNING" not in markdown
-    assert "tokens_per_parameter" in metrics and metrics["model_parameters"] > 0
-    assert report["training_budget"]["warning"].startswith("the train split has")  # a toy corpus: far below 20x
+    assert "training_budget" not in report, "tokens per parameter are the pretrain stage's: they depend on the model"
     monkeypatch.setenv("FORGE_RUNS_DIR", str(runs))
     from forge import tracking
 
@@ -375,4 +374,4 @@ def test_default_corpus_round_trips_and_shard_counts_add_up():
     metrics = manifest["metrics"]
     assert metrics["encode_seconds"] < 60
     assert metrics["compression_warning"] == int(metrics["tokens_per_word"] > cfg.tokenizer.max_tokens_per_word)
-    assert metrics["unk_token_rate"] == 0 and metrics["tokens_per_parameter"] > 0
+    assert metrics["unk_token_rate"] == 0

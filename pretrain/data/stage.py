@@ -60,7 +60,7 @@ SPLIT_PRIORITY = {"test": 0, "val": 1, "train": 2}  # which copy of a duplicate 
 
 
 def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
-    stage = Stage(name="data", cfg=cfg, sections=("data",), inputs=ingest.input_fingerprints(cfg.data))
+    stage = Stage(name="data", cfg=cfg, inputs=ingest.input_fingerprints(cfg.data))
     return run_stage(stage, build, force)
 
 

@@ -40,7 +40,6 @@ from forge.config import DedupConfig
 from pretrain.data.stdlib_corpus import corpus_id, docstring, iter_stdlib_records
 from pretrain.qa.dedup import HOLD_OUT_HASH_SEED, deduplicate
 
-QA_VERSION = "2"  # bump when the generated pairs change: it is part of the qa stage's skip key
 MIN_ANSWER_CHARS = 20  # shorter summaries ("Return x.") teach little
 MAX_ANSWER_CHARS = 480  # whole sentences up to this; a longer first sentence drops the pair (tiny contexts)
 MAX_SENTENCES = 3
@@ -69,8 +68,9 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(\"'])")
 
 
 def builtin_id() -> str:
-    """What identifies the generated set: the corpus (Python build + builder version) and this generator's version."""
-    return f"{corpus_id()}:qa-v{QA_VERSION}"
+    """What identifies the generated set: its corpus, the running Python's standard library (the generator's code is
+    in the qa stage's skip key already)."""
+    return f"{corpus_id()}:qa"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -36,7 +36,6 @@ from pretrain.qa.teacher import teacher_pairs
 
 log = logging.getLogger("forge.qa")
 
-EXTRACTOR_VERSION = "3"  # bump when the extracted pairs change: it is part of the qa stage's skip key
 BOILERPLATE_DOCUMENTS = 3  # a long answer found word for word in this many documents is the site's, not the page's
 HELD_OUT = ("val", "test")
 

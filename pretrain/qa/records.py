@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from forge import ForgeError
+from forge.io import iter_jsonl
 
 log = logging.getLogger("forge.qa")
 
@@ -126,22 +127,17 @@ def read_records(
     report = ReadReport(source=str(path))
     records: list[dict[str, Any]] = []
     numbers: list[int] = []
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue  # blank lines are not records
-            report.lines += 1
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                report.skipped.append({"line": number, "reason": f"invalid JSON ({exc.msg} at column {exc.colno})"})
-                continue
-            try:
-                records.append(normalized(obj, conversation(obj)))
-            except ValueError as exc:
-                report.skipped.append({"line": number, "reason": str(exc)})
-                continue
-            numbers.append(number)
+    for number, obj in iter_jsonl(path):
+        report.lines += 1
+        if isinstance(obj, json.JSONDecodeError):
+            report.skipped.append({"line": number, "reason": f"invalid JSON ({obj.msg} at column {obj.colno})"})
+            continue
+        try:
+            records.append(normalized(obj, conversation(obj)))
+        except ValueError as exc:
+            report.skipped.append({"line": number, "reason": str(exc)})
+            continue
+        numbers.append(number)
     report.valid = len(records)
     if not records and not (allow_empty and report.lines == 0):
         detail = report.skipped_summary(5) or "the file is empty"

@@ -9,7 +9,6 @@ every document, removed ones included) or the user's JSONL; writes runs/<run>/qa
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import random
@@ -19,19 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-import zstandard
 
 from forge import ForgeError, render
 from forge.config import BUILTIN_CORPUS, ForgeConfig
-from forge.io import atomic_write_json, atomic_write_jsonl, atomic_write_text, read_json_object
+from forge.io import atomic_write_json, atomic_write_jsonl, atomic_write_text, read_json_object, read_jsonl
 from forge.lineage import Stage, completed_manifest, require_completed, run_stage
+from forge.stages import STAGES
 from pretrain.qa import builtin, records
-from pretrain.qa.corpus import EXTRACTOR_VERSION, corpus_pairs
+from pretrain.qa.corpus import corpus_pairs
 from pretrain.qa.dedup import split_held_out
 
 log = logging.getLogger("forge.qa")
 
-SECTIONS = ("qa", "data")  # the data settings decide the documents, their splits and the dedup the pairs get
 SAMPLES_PER_KIND = 10
 OUTPUTS = ("qa_train.jsonl", "qa_eval.jsonl", "report.json", "report.md", "pairs_by_kind.png")
 
@@ -82,7 +80,7 @@ def qa_set(cfg: ForgeConfig) -> QASet:
     manifest = completed_manifest(stage_dir) or {}
     kind = ((read_json_object(stage_dir / "report.json") or {}).get("source") or {}).get("kind")
     refuse_wrong_domain(cfg, kind)
-    if manifest.get("config_hash") != cfg.section_hash(*SECTIONS):
+    if manifest.get("config_hash") != cfg.section_hash(*STAGES["qa"].settings):
         raise ForgeError(
             f"{stage_dir} holds a Q&A set built with other qa or data settings than this config (qa.source="
             f"{cfg.qa.source!r} now); run `forge qa` with the same --config first"
@@ -125,12 +123,8 @@ def data_splits(cfg: ForgeConfig) -> dict[str, str]:
             for doc_id in pq.read_table(path, columns=["id"]).column("id").to_pylist():
                 splits[doc_id] = split
     removed = data_dir / "removed.jsonl.zst"
-    if removed.is_file():
-        with open(removed, "rb") as fh:
-            text = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(fh), encoding="utf-8")
-            for line in text:
-                row = json.loads(line)
-                splits.setdefault(row["id"], row.get("split") or "-")
+    for row in read_jsonl(removed):
+        splits.setdefault(row["id"], row.get("split") or "-")
     for doc_id, split in list(splits.items()):
         whole = doc_id.split("#")[0]
         if whole != doc_id and HOLD_OUT_FIRST[split] < HOLD_OUT_FIRST[splits.get(whole, "-")]:
@@ -195,8 +189,9 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
         inputs["file"] = path
     else:
         inputs["data"] = data_stage_id(cfg)
-        inputs["generator"] = builtin.builtin_id() if kind == "builtin" else f"corpus-extractor:v{EXTRACTOR_VERSION}"
-    stage = Stage(name="qa", cfg=cfg, sections=SECTIONS, inputs=inputs)
+        if kind == "builtin":
+            inputs["generator"] = builtin.builtin_id()
+    stage = Stage(name="qa", cfg=cfg, inputs=inputs)
     return run_stage(stage, lambda s: build(s, kind, path), force=force)
 
 

@@ -137,46 +137,46 @@ def rejection(question: str, answer: str, evidence: str, chunk: str, min_support
 # the teacher
 
 
-def identity(cfg: TeacherConfig) -> str:
+def identity(tcfg: TeacherConfig) -> str:
     """What the teacher is, for the cache: the GGUF's sha256, or the endpoint and its model name."""
-    if cfg.url:
-        return f"url:{cfg.url}|model:{cfg.model}"
+    if tcfg.url:
+        return f"url:{tcfg.url}|model:{tcfg.model}"
     from forge.hashing import sha256_file
 
-    gguf = Path(cfg.model).expanduser()
+    gguf = Path(tcfg.model).expanduser()
     if not gguf.is_file() or gguf.suffix != ".gguf":
-        raise ForgeError(f"qa.teacher.model={cfg.model!r}: not a .gguf file; give a local GGUF, or qa.teacher.url "
+        raise ForgeError(f"qa.teacher.model={tcfg.model!r}: not a .gguf file; give a local GGUF, or qa.teacher.url "
                          "for an OpenAI-compatible endpoint (and its model name in qa.teacher.model)")  # fmt: skip
     return f"gguf:{sha256_file(gguf)}"
 
 
 @contextlib.contextmanager
-def endpoint(cfg: TeacherConfig, logs: Path) -> Iterator[tuple[str, str, str]]:
+def endpoint(tcfg: TeacherConfig, logs: Path) -> Iterator[tuple[str, str, str]]:
     """(base URL, model name, API key) of the teacher; a local GGUF is served by llama-server on a free loopback port
     while the block runs (its key, if any, from the environment: never on a command line)."""
-    key = os.environ.get(cfg.api_key_env, "") or "none"
-    if cfg.url:
-        yield cfg.url.rstrip("/"), cfg.model, key
+    key = os.environ.get(tcfg.api_key_env, "") or "none"
+    if tcfg.url:
+        yield tcfg.url.rstrip("/"), tcfg.model, key
         return
     from models.llama_server import ServerProcess, llama_server_command
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = llama_server_command(Path(cfg.model).expanduser(), alias="forge-teacher", n_ctx=cfg.context,
-                                   parallel=cfg.parallel)  # fmt: skip
+    command = llama_server_command(Path(tcfg.model).expanduser(), alias="forge-teacher", n_ctx=tcfg.context,
+                                   parallel=tcfg.parallel)  # fmt: skip
     with ServerProcess([*command, "--host", "127.0.0.1", "--port", str(port)], port, "forge-teacher",
                        log_path=logs / "teacher-server.log", ready_timeout=300) as server:  # fmt: skip
         yield server.base_url, "forge-teacher", "none"
 
 
-def ask(client: Any, model: str, chunk: Chunk, cfg: TeacherConfig) -> str:
+def ask(client: Any, model: str, chunk: Chunk, tcfg: TeacherConfig) -> str:
     """The teacher's reply to one chunk, as JSON forced by the schema where the server supports it."""
-    prompt = f'Text:\n"""\n{chunk.text}\n"""\n\n{INSTRUCTION.format(n=cfg.pairs_per_chunk)}'
+    prompt = f'Text:\n"""\n{chunk.text}\n"""\n\n{INSTRUCTION.format(n=tcfg.pairs_per_chunk)}'
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
-    shape = {"type": "json_schema", "json_schema": {"name": "qa_pairs", "schema": schema(cfg.pairs_per_chunk)}}
-    response = client.chat.completions.create(model=model, messages=messages, temperature=cfg.temperature,
-                                              max_tokens=cfg.max_tokens, response_format=shape)  # fmt: skip
+    shape = {"type": "json_schema", "json_schema": {"name": "qa_pairs", "schema": schema(tcfg.pairs_per_chunk)}}
+    response = client.chat.completions.create(model=model, messages=messages, temperature=tcfg.temperature,
+                                              max_tokens=tcfg.max_tokens, response_format=shape)  # fmt: skip
     return response.choices[0].message.content or ""
 
 
@@ -235,7 +235,7 @@ def teacher_pairs(cfg: ForgeConfig, documents: Iterator[dict[str, Any]]) -> tupl
     return kept, report
 
 
-def _judge(chunk: Chunk, reply: str, cfg: TeacherConfig, stats: Counter[str], kept: list, rejected: list) -> None:
+def _judge(chunk: Chunk, reply: str, tcfg: TeacherConfig, stats: Counter[str], kept: list, rejected: list) -> None:
     proposed = parse(reply)
     if proposed is None:
         stats["rejected: reply is not the JSON asked for"] += 1
@@ -243,7 +243,7 @@ def _judge(chunk: Chunk, reply: str, cfg: TeacherConfig, stats: Counter[str], ke
         return
     for p in proposed:
         stats["proposed"] += 1
-        why = rejection(p["question"], p["answer"], p["evidence"], chunk.text, cfg.min_support)
+        why = rejection(p["question"], p["answer"], p["evidence"], chunk.text, tcfg.min_support)
         if why:
             stats[f"rejected: {why}"] += 1
             rejected.append({**p, "doc_id": chunk.doc_id, "reason": why})
@@ -254,7 +254,7 @@ def _judge(chunk: Chunk, reply: str, cfg: TeacherConfig, stats: Counter[str], ke
                      "source": source})  # fmt: skip
 
 
-def _cache_key(teacher: str, chunk: Chunk, cfg: TeacherConfig) -> str:
+def _cache_key(teacher: str, chunk: Chunk, tcfg: TeacherConfig) -> str:
     """The reply's key: the teacher, everything it is asked (the prompt, the schema, the settings) and the chunk."""
-    what = [teacher, SYSTEM, INSTRUCTION, schema(cfg.pairs_per_chunk), cfg.temperature, cfg.max_tokens, chunk.text]
+    what = [teacher, SYSTEM, INSTRUCTION, schema(tcfg.pairs_per_chunk), tcfg.temperature, tcfg.max_tokens, chunk.text]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()
