@@ -189,4 +189,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from results import recorded  # bench/results.py: the output goes to RESULTS.md too
+
+    with recorded(__file__):
+        main()

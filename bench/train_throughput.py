@@ -31,9 +31,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from forge.config import ForgeConfig, load_config  # noqa: E402
-from pretrain.hardware import flops_per_token, peak_flops  # noqa: E402
+from pretrain.hardware import flops_per_token, local_hardware, peak_flops, resolve_precision  # noqa: E402
 from pretrain.model import build_model  # noqa: E402
-from pretrain.train import fused_adamw, lr_factor, resolve_precision  # noqa: E402
+from pretrain.trainer import fused_adamw, lr_factor  # noqa: E402
 
 VOCAB_DEFAULT = 4096
 
@@ -96,7 +96,7 @@ def plain_loop(cfg: ForgeConfig, tokens_path: Path, vocab: int, steps: int, warm
     other = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay}, {"params": other, "weight_decay": 0}],
                             lr=t.lr, betas=(t.beta1, t.beta2), fused=fused_adamw(torch.device(device)))  # fmt: skip
-    precision = resolve_precision(t)
+    precision = resolve_precision(t.precision, local_hardware())
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     scaler = torch.amp.GradScaler(device, enabled=precision == "fp16")
     rng = np.random.default_rng(cfg.seed)
@@ -168,7 +168,7 @@ def main() -> None:
             forge.append(forge_loop(cfg, runs, args.steps, args.warmup, repeat))
             print(f"repeat {repeat}: plain {plain[-1]:,.0f} tok/s, forge {forge[-1]:,.0f} tok/s", flush=True)
     f, p = statistics.median(forge), statistics.median(plain)
-    precision = resolve_precision(t)
+    precision = resolve_precision(t.precision, local_hardware())
     peak = peak_flops(device, precision, cfg)
     fpt = flops_per_token(cfg.model, vocab)
     m = cfg.model
@@ -181,4 +181,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from results import recorded  # bench/results.py: the output goes to RESULTS.md too
+
+    with recorded(__file__):
+        main()

@@ -73,10 +73,40 @@ def build_eval(
     data: dict[str, Any],
     document_ids: list[str],
 ) -> dict[str, Any]:
-    def metric(name: str, value: Any, higher: bool | None, group: str, **extra: Any) -> dict[str, Any]:
-        return {"name": name, "value": value, "higher_is_better": higher, "group": group,
-                "artifact_sha256": sha256, **extra}  # fmt: skip
+    """eval.json's content (see the module docstring); `result` and `baseline` are measure()'s."""
+    metrics = [
+        *domain_metrics(sha256, result, baseline),
+        *floor_metrics(sha256, result, baseline, reference),
+        *by_type_metrics(sha256, result, baseline),
+        *count_metrics(sha256, result, memorisation),
+        *[metric(sha256, k, v, None, f"flag:{f['name']}") for f in flags if isinstance(f["value"], dict)
+          for k, v in f["value"].items()],
+        *[metric(sha256, f"{b['task']}/{b['metric']}", b["value"], True, "benchmark") for b in benchmarks or []],
+    ]  # fmt: skip
+    return {
+        "format": FORMAT,
+        "artifact": {"path": target, "kind": artifact_kind, "sha256": sha256},
+        "tokenizer": result["text"]["tokenizer"],
+        "reference": None if reference is None else {k: reference[k] for k in ("path", "sha256", "tokenizer")},
+        "data": data,
+        "chat": result["chat"],
+        "passed": not any(f["passed"] is False for f in flags),
+        "metrics": metrics,
+        "flags": [{**f, "artifact_sha256": sha256} for f in flags],
+        "benchmarks": None if benchmarks is None else [{**b, "artifact_sha256": sha256} for b in benchmarks],
+        "samples": [{k: s[k] for k in ("prompt", "seed", "text")} for s in result["samples"]],
+        "items": item_evidence(result, baseline, reference, document_ids),
+    }
 
+
+def metric(sha256: str, name: str, value: Any, higher: bool | None, group: str, **extra: Any) -> dict[str, Any]:
+    """One entry of eval.json's metrics, of the artifact with this sha256."""
+    return {"name": name, "value": value, "higher_is_better": higher, "group": group, "artifact_sha256": sha256,
+            **extra}  # fmt: skip
+
+
+def domain_metrics(sha256: str, result: dict[str, Any], baseline: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The headline metrics (DOMAIN), each beside its random-init twin's and, for multiple choice, chance."""
     metrics = []
     for name, higher, path in DOMAIN:
         extra: dict[str, Any] = {"random_init": _get(baseline, path)}
@@ -84,67 +114,62 @@ def build_eval(
             extra["chance"] = result["mc"]["mc_chance"]
         if name == "bits_per_byte":
             extra["details"] = result["text"]
-        metrics.append(metric(name, _get(result, path), higher, "domain", **extra))
+        metrics.append(metric(sha256, name, _get(result, path), higher, "domain", **extra))
+    return metrics
+
+
+def floor_metrics(
+    sha256: str, result: dict[str, Any], baseline: dict[str, Any] | None, reference: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """Per-token perplexity (per tokenizer) and what bits per byte is compared with: the random-init twin, the
+    unigram floor and the reference model."""
     text, tokenizer = result["text"], result["text"]["tokenizer"]
-    metrics.append(
-        metric(
-            "perplexity",
-            text["ppl"],
-            False,
-            "per_tokenizer",
-            tokenizer=tokenizer,
-            random_init=_get(baseline, ("text", "ppl")),
-            details={"tokens": text["tokens"]},
-        )
-    )
+    metrics = [metric(sha256, "perplexity", text["ppl"], False, "per_tokenizer", tokenizer=tokenizer,
+                      random_init=_get(baseline, ("text", "ppl")), details={"tokens": text["tokens"]})]  # fmt: skip
     if baseline is not None:
-        metrics.append(metric("bits_per_byte_random_init", baseline["text"]["bits_per_byte"], False, "baseline"))
+        metrics.append(
+            metric(sha256, "bits_per_byte_random_init", baseline["text"]["bits_per_byte"], False, "baseline")
+        )
     metrics += [
-        metric("bits_per_byte_unigram", result["unigram"]["bits_per_byte"], False, "baseline"),
-        metric("perplexity_unigram", result["unigram"]["ppl"], False, "per_tokenizer", tokenizer=tokenizer),
+        metric(sha256, "bits_per_byte_unigram", result["unigram"]["bits_per_byte"], False, "baseline"),
+        metric(sha256, "perplexity_unigram", result["unigram"]["ppl"], False, "per_tokenizer", tokenizer=tokenizer),
     ]
     if reference is not None:
         summary = {k: v for k, v in reference.items() if k != "documents"}
         metrics += [
-            metric("bits_per_byte_reference", reference["bits_per_byte"], False, "reference", details=summary),
-            metric("perplexity_reference", reference["ppl"], False, "per_tokenizer", tokenizer=reference["tokenizer"]),
-        ]
-    for task in ("qa", "mc"):  # per question type ("qa_f1.describe"): group domain_by_type
+            metric(sha256, "bits_per_byte_reference", reference["bits_per_byte"], False, "reference", details=summary),
+            metric(sha256, "perplexity_reference", reference["ppl"], False, "per_tokenizer",
+                   tokenizer=reference["tokenizer"]),
+        ]  # fmt: skip
+    return metrics
+
+
+def by_type_metrics(sha256: str, result: dict[str, Any], baseline: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The Q&A and multiple-choice metrics per question type ("qa_f1.describe"): group domain_by_type. Example
+    counts and the best constant answer's scores are context, not scores (higher_is_better None)."""
+    metrics = []
+    for task in ("qa", "mc"):
         for name, value in result[task].items():
             if "." in name:
                 higher = None if name.startswith((f"{task}_examples.", "qa_constant_")) else True
                 random_init = None if baseline is None else baseline[task].get(name)
                 chance = result["mc"]["mc_chance"] if task == "mc" and higher else None
-                metrics.append(metric(name, value, higher, "domain_by_type", random_init=random_init, chance=chance))
-    metrics += [
-        metric("qa_examples", result["qa"]["qa_examples"], None, "domain"),
-        metric("qa_empty_rate", result["qa"]["qa_empty_rate"], None, "domain"),
-        metric("mc_examples", result["mc"]["mc_examples"], None, "domain"),
-        metric("mc_chance", result["mc"]["mc_chance"], None, "domain"),
-        metric("memorisation_train_exact", memorisation["train"]["exact"], None, "memorisation"),
-        metric("memorisation_test_exact", memorisation["test"]["exact"], None, "memorisation"),
+                metrics.append(metric(sha256, name, value, higher, "domain_by_type", random_init=random_init,
+                                      chance=chance))  # fmt: skip
+    return metrics
+
+
+def count_metrics(sha256: str, result: dict[str, Any], memorisation: dict[str, Any]) -> list[dict[str, Any]]:
+    """How many items were asked, chance, and the verbatim-continuation rates on train and test text."""
+    qa, mc = result["qa"], result["mc"]
+    return [
+        metric(sha256, "qa_examples", qa["qa_examples"], None, "domain"),
+        metric(sha256, "qa_empty_rate", qa["qa_empty_rate"], None, "domain"),
+        metric(sha256, "mc_examples", mc["mc_examples"], None, "domain"),
+        metric(sha256, "mc_chance", mc["mc_chance"], None, "domain"),
+        metric(sha256, "memorisation_train_exact", memorisation["train"]["exact"], None, "memorisation"),
+        metric(sha256, "memorisation_test_exact", memorisation["test"]["exact"], None, "memorisation"),
     ]
-    for f in flags:
-        if isinstance(f["value"], dict):
-            metrics += [metric(k, v, None, f"flag:{f['name']}") for k, v in f["value"].items()]
-    bench = None
-    if benchmarks is not None:
-        bench = [{**b, "artifact_sha256": sha256} for b in benchmarks]
-        metrics += [metric(f"{b['task']}/{b['metric']}", b["value"], True, "benchmark") for b in benchmarks]
-    return {
-        "format": FORMAT,
-        "artifact": {"path": target, "kind": artifact_kind, "sha256": sha256},
-        "tokenizer": tokenizer,
-        "reference": None if reference is None else {k: reference[k] for k in ("path", "sha256", "tokenizer")},
-        "data": data,
-        "chat": result["chat"],
-        "passed": not any(f["passed"] is False for f in flags),
-        "metrics": metrics,
-        "flags": [{**f, "artifact_sha256": sha256} for f in flags],
-        "benchmarks": bench,
-        "samples": [{k: s[k] for k in ("prompt", "seed", "text")} for s in result["samples"]],
-        "items": item_evidence(result, baseline, reference, document_ids),
-    }
 
 
 def item_evidence(

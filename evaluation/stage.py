@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from evaluation import red_flags, tasks
 from evaluation.report import write_report
 from evaluation.text import SplitText, split_id, test_text, train_text
 from forge import ForgeError
-from forge.config import ForgeConfig
+from forge.config import EvalConfig, ForgeConfig
 from forge.hashing import hash_inputs, sha256_tree
 from forge.io import atomic_write_jsonl, atomic_write_text, read_jsonl, remove_path
 from forge.lineage import Stage, candidate_model, completed_manifest, read_manifest, run_stage
@@ -188,6 +189,7 @@ def evaluate(
     producer: Path | None,
     drift_bound: float,
 ) -> dict[str, float]:
+    """The stage's body: score the model (and its twin and reference), check the red flags, write the outputs."""
     import torch
 
     cfg, ecfg = stage.cfg, stage.cfg.eval
@@ -197,15 +199,56 @@ def evaluate(
     train = train_text(cfg)
     records = load_qa(cfg, qa_source)
     atomic_write_jsonl(stage.dir / "qa_eval.jsonl", records)
-    data = {"test_text_sha256": test.sha256, "test_shards": test.shards, "test_items": len(test.documents),
+    data = data_record(cfg, test, qa_source)
+    scores = score_model(cfg, model, test, train, records, reference)
+    ref_text = score_reference(cfg, reference, test) if reference is not None else None
+    flags = check_red_flags(ecfg, scores, ref_text, reference, history, drift_bound)
+    bench_results = None
+    if benchmarks:
+        from evaluation.benchmarks import run_benchmarks
+
+        items = scores.result["mc_items"]
+        bench_results = run_benchmarks(model, benchmarks, items, stage.dir / "lm_eval", ecfg, cfg.seed)
+        flags += [red_flags.benchmark_flag(task, bench_results, bound) for task, bound in ecfg.min_benchmark.items()]
+    write_predictions(stage.dir, scores.result)
+    report = write_report(
+        stage.dir, target=str(model), artifact_kind="gguf" if model.suffix == ".gguf" else "hf",
+        sha256=sha256_tree(model), result=scores.result, baseline=scores.baseline, flags=flags,
+        benchmarks=bench_results, memorisation=scores.memorisation, reference=ref_text, data=data, cfg=cfg,
+        document_ids=[tasks.text_id(d) for d in test.documents],
+    )  # fmt: skip
+    log_to_producer(stage, producer, report)
+    for f in flags:
+        if f["passed"] is False:
+            log.warning("eval: red flag %s: %s", f["name"], f["evidence"])
+    return stage_metrics(report, flags)
+
+
+def data_record(cfg: ForgeConfig, test: SplitText, qa_source: Path) -> dict[str, Any]:
+    """eval.json's "data": the test text and held-out Q&A measured, by hash."""
+    return {"test_text_sha256": test.sha256, "test_shards": test.shards, "test_items": len(test.documents),
             "test_item_bytes": cfg.eval.text_item_bytes, "test_bytes": test.bytes,
             "qa_sha256": hash_inputs({"qa": qa_source})["qa"], "qa_source": str(qa_source)}  # fmt: skip
 
+
+@dataclass
+class ModelScores:
+    """What the evaluated model scored, with its random-init twin's (HF models, eval.random_baseline)."""
+
+    result: dict[str, Any]  # measure()'s, with "chat" (how it was prompted) and "unigram" (the unigram floor)
+    baseline: dict[str, Any] | None  # the twin's measure(), on RANDOM_SHARE of the questions, without generations
+    memorisation: dict[str, Any]  # {"train": ..., "test": ...}: tasks.verbatim_rate of each split
+    vocab: int
+
+
+def score_model(cfg: ForgeConfig, model: Path, test: SplitText, train: SplitText, records: list[dict[str, Any]],
+                reference: Path | None) -> ModelScores:  # fmt: skip
+    """Bits per byte, Q&A, multiple choice, generations, the unigram floor and memorisation of the model, and all
+    but the last three of its random-init twin."""
+    ecfg = cfg.eval
     backend = open_model(model)
     try:
-        chat = is_chat_model(backend) if ecfg.chat is None else ecfg.chat
-        if ecfg.chat is None and backend.kind == "gguf" and reference is not None and reference.is_dir():
-            chat = bool(backend.chat_template) and not (reference / "forge_pretrain.json").is_file()  # its source
+        chat = prompts_as_chat(backend, ecfg.chat, reference)
         log.info("eval: %s (%s, %s model), %d test items (%d bytes), %d held-out Q&A", model, backend.kind,
                  "chat" if chat else "base", len(test.documents), test.bytes, len(records))  # fmt: skip
         window, stride = score_window(backend, ecfg.ppl_window, ecfg.ppl_stride)
@@ -213,64 +256,76 @@ def evaluate(
         result = measure(backend, cfg, test.documents, questions, chat, window, stride, share=1.0)
         result["chat"] = chat
         result["unigram"] = tasks.unigram_floor(backend, train.documents, test.documents)
-        memorised = ecfg.memorisation_prefix + ecfg.memorisation_suffix
-        train_docs = tasks.pick_documents(backend, train.documents, ecfg.memorisation_docs, memorised, cfg.seed)
-        test_docs = tasks.pick_documents(backend, test.documents, ecfg.memorisation_docs, memorised, cfg.seed)
-        mem_train = tasks.verbatim_rate(backend, train_docs, ecfg.memorisation_prefix, ecfg.memorisation_suffix)
-        mem_test = tasks.verbatim_rate(backend, test_docs, ecfg.memorisation_prefix, ecfg.memorisation_suffix)
+        memorisation = memorisation_rates(backend, cfg, train, test)
         baseline = None
         if ecfg.random_baseline and isinstance(backend, HFBackend):
             random_backend = random_init_backend(backend, cfg.seed)
             baseline = measure(random_backend, cfg, test.documents, questions, chat, window, stride,
                                share=RANDOM_SHARE, generations=False)  # fmt: skip
-        vocab = backend.vocab_size
+        return ModelScores(result, baseline, memorisation, backend.vocab_size)
     finally:
         backend.close()
 
-    ref_text = None
-    if reference is not None:
-        ref_backend = open_model(reference)
-        try:  # its own tokenizer and its own window (the same rule, cut to its context)
-            ref_window, ref_stride = score_window(ref_backend, ecfg.ppl_window, ecfg.ppl_stride)
-            ref_score = ref_backend.score_text(test.documents, ref_window, ref_stride, "eval: reference bits per byte")
-            ref_text = ref_score.as_dict() | {"path": str(reference), "sha256": sha256_tree(reference),
-                                              "documents": per_document(ref_score)}  # fmt: skip
-        finally:
-            ref_backend.close()
 
-    history_records = read_jsonl(history) if history else None
+def prompts_as_chat(backend: Backend, setting: bool | None, reference: Path | None) -> bool:
+    """eval.chat; by default whether the model is a chat model. A GGUF with a model directory as its reference is
+    one when it has a chat template and its source, the reference, is no raw pretraining export (forge_pretrain.json).
+    """
+    if setting is not None:
+        return setting
+    if backend.kind == "gguf" and reference is not None and reference.is_dir():
+        return bool(backend.chat_template) and not (reference / "forge_pretrain.json").is_file()
+    return is_chat_model(backend)
+
+
+def memorisation_rates(backend: Backend, cfg: ForgeConfig, train: SplitText, test: SplitText) -> dict[str, Any]:
+    """How often the model continues a seen (train) and an unseen (test) document verbatim."""
+    ecfg = cfg.eval
+    prefix, suffix = ecfg.memorisation_prefix, ecfg.memorisation_suffix
+    picked = {name: tasks.pick_documents(backend, split.documents, ecfg.memorisation_docs, prefix + suffix, cfg.seed)
+              for name, split in (("train", train), ("test", test))}  # fmt: skip
+    return {name: tasks.verbatim_rate(backend, docs, prefix, suffix) for name, docs in picked.items()}
+
+
+def score_reference(cfg: ForgeConfig, reference: Path, test: SplitText) -> dict[str, Any]:
+    """The reference model's bits per byte of the test text, through its own tokenizer and its own window (the
+    same rule, cut to its context), with each document's bits for the gate's paired comparisons."""
+    backend = open_model(reference)
+    try:
+        window, stride = score_window(backend, cfg.eval.ppl_window, cfg.eval.ppl_stride)
+        score = backend.score_text(test.documents, window, stride, "eval: reference bits per byte")
+        return score.as_dict() | {"path": str(reference), "sha256": sha256_tree(reference),
+                                  "documents": per_document(score)}  # fmt: skip
+    finally:
+        backend.close()
+
+
+def check_red_flags(ecfg: EvalConfig, scores: ModelScores, ref_text: dict[str, Any] | None, reference: Path | None,
+                    history: Path | None, drift_bound: float) -> list[dict[str, Any]]:  # fmt: skip
+    """Every red flag but the benchmark ones, in eval.json's order."""
+    result, text = scores.result, scores.result["text"]
     generations = [s["ids"] for s in result["samples"]]
-    text = result["text"]
-    flags = [
+    history_records = read_jsonl(history) if history else None
+    return [
         red_flags.repetition(generations, ecfg),
         red_flags.ppl_drift(text, ref_text, str(reference) if reference else None, drift_bound),
         red_flags.val_rise(history_records, str(history) if history else None, ecfg),
-        red_flags.memorisation(mem_train, mem_test, ecfg),
+        red_flags.memorisation(scores.memorisation["train"], scores.memorisation["test"], ecfg),
         red_flags.incoherence(text["bits_per_byte"], result["unigram"]["bits_per_byte"], generations, ecfg),
-        red_flags.untrained(text, vocab, ecfg),
+        red_flags.untrained(text, scores.vocab, ecfg),
     ]
-    bench_results = None
-    if benchmarks:
-        from evaluation.benchmarks import run_benchmarks
 
-        bench_results = run_benchmarks(model, benchmarks, result["mc_items"], stage.dir / "lm_eval", ecfg, cfg.seed)
-        for task, threshold in ecfg.min_benchmark.items():
-            flags.append(red_flags.benchmark_flag(task, bench_results, threshold))
 
-    atomic_write_jsonl(stage.dir / "qa_predictions.jsonl", result["qa_predictions"])
-    atomic_write_jsonl(stage.dir / "mc_items.jsonl", result["mc_items"])
-    atomic_write_jsonl(stage.dir / "mc_predictions.jsonl", result["mc_predictions"])
-    atomic_write_text(stage.dir / "samples.json", json.dumps(result["samples"], indent=2, ensure_ascii=False) + "\n")
-    report = write_report(
-        stage.dir, target=str(model), artifact_kind="gguf" if model.suffix == ".gguf" else "hf",
-        sha256=sha256_tree(model), result=result, baseline=baseline, flags=flags, benchmarks=bench_results,
-        memorisation={"train": mem_train, "test": mem_test}, reference=ref_text, data=data, cfg=cfg,
-        document_ids=[tasks.text_id(d) for d in test.documents],
-    )  # fmt: skip
-    log_to_producer(stage, producer, report)
-    for f in flags:
-        if f["passed"] is False:
-            log.warning("eval: red flag %s: %s", f["name"], f["evidence"])
+def write_predictions(stage_dir: Path, result: dict[str, Any]) -> None:
+    """The per-item predictions and the generations, beside eval.json."""
+    atomic_write_jsonl(stage_dir / "qa_predictions.jsonl", result["qa_predictions"])
+    atomic_write_jsonl(stage_dir / "mc_items.jsonl", result["mc_items"])
+    atomic_write_jsonl(stage_dir / "mc_predictions.jsonl", result["mc_predictions"])
+    atomic_write_text(stage_dir / "samples.json", json.dumps(result["samples"], indent=2, ensure_ascii=False) + "\n")
+
+
+def stage_metrics(report: dict[str, Any], flags: list[dict[str, Any]]) -> dict[str, float]:
+    """The manifest's metrics: every numeric metric, each flag that ran (1 passed), and the count that failed."""
     metrics = {m["name"]: m["value"] for m in report["metrics"] if isinstance(m["value"], (int, float))}
     metrics |= {f"flag_{f['name']}": float(f["passed"]) for f in flags if f["passed"] is not None}
     metrics["flags_failed"] = float(sum(f["passed"] is False for f in flags))

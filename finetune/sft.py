@@ -227,14 +227,6 @@ def load_data(cfg: ForgeConfig, tokenizer: Any, qa: QASet) -> tuple[list[Example
 # model, trainer
 
 
-def resolve_precision(scfg: SFTConfig) -> str:
-    import torch
-
-    if scfg.precision != "auto":
-        return scfg.precision
-    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
-
-
 def load_model(base: Path, scfg: SFTConfig) -> tuple[Any, Any]:
     """(model, peft LoraConfig or None) for the mode."""
     import torch
@@ -302,8 +294,10 @@ def build_trainer(
     from trl import SFTConfig as TRLConfig
     from trl import SFTTrainer
 
+    from pretrain.hardware import local_hardware, resolve_precision
+
     s = cfg.sft
-    precision = resolve_precision(s)
+    precision = resolve_precision(s.precision, local_hardware(), setting="sft.precision")
     template = training_chat_template(tokenizer)
     args = TRLConfig(
         output_dir=str(output_dir),

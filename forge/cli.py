@@ -194,7 +194,7 @@ def promote_verb(
 def rollback_verb(name: NameArg = None, config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None) -> None:
     """Move @production back to the previous version that passed the gate."""
     with user_errors():
-        moved = STAGES["rollback"].call("rollback")(resolve_config(config, set_, run), name)
+        moved = STAGES["rollback"].load()(resolve_config(config, set_, run), name)
     typer.echo(f"{moved['name']}@production: v{moved['previous']} -> v{moved['version']}")
 
 

@@ -2,9 +2,10 @@
 
 A stage's code is its module and every project module it imports, directly or through others, found by reading the
 import statements (no module is executed). `forge` itself is left out: it is the framework every stage shares
-(config, files, lineage), and the values of the config a stage reads are hashed on their own. The fingerprint
-hashes each module's syntax tree, so comments and formatting do not re-run anything, and any change to what the
-code does does.
+(config, files, lineage), and the values of the config a stage reads are hashed on their own; the exception is
+the table of quality rules (STAGE_CODE_IN_FORGE), which is the data stage's logic kept where the config can read
+it. The fingerprint hashes each module's syntax tree, so comments and formatting do not re-run anything, and any
+change to what the code does does.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the directory holding the project's packages
 STAGE_PACKAGES = ("pretrain", "finetune", "evaluation", "serve", "registry", "models")
+# Modules of forge/ that hold stage logic rather than framework: the quality rules' metrics and directions (their
+# thresholds are config values, hashed as such).
+STAGE_CODE_IN_FORGE = ("forge.quality_rules",)
 
 
 def module_file(module: str, root: Path = ROOT) -> Path | None:
     """The source of a project module ("pretrain.data.stage"), or None for a library, `forge`, or no such module."""
-    if module.partition(".")[0] not in STAGE_PACKAGES:
+    if module.partition(".")[0] not in STAGE_PACKAGES and module not in STAGE_CODE_IN_FORGE:
         return None
     base = root.joinpath(*module.split("."))
     for path in (base.with_suffix(".py"), base / "__init__.py"):

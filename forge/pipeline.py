@@ -1,12 +1,16 @@
 """`forge pipeline`: every stage in order, the report card, then the server and chat UI when the gate passed.
 
-    plan -> data -> tokenizer -> pretrain -> eval(pretrain) -> sft -> eval(sft) -> quantize -> register -> promote
-         -> report card (runs/<run>/report.md) -> forge serve + forge chat   (--no-serve stops after the card)
+    plan -> evidence -> data -> qa -> evidence -> tokenizer -> pretrain -> eval(pretrain) -> sft -> eval(sft)
+         -> quantize -> register -> promote -> report card (runs/<run>/report.md)
+         -> forge serve + forge chat   (--no-serve stops after the card)
 
-Each stage skips itself when its inputs and config are unchanged, and pretrain resumes an interrupted attempt from
-its newest checkpoint, so re-running after a failure or a kill picks up where the run stopped. A failed stage or a
-refused gate stops the pipeline: the report card is still written (what ran, and why it stopped), the reason is the
-last line printed, and the exit code is non-zero.
+The list is PIPELINE in forge/stages.py; evidence runs twice (on the settings alone, then with the held-out pairs
+and test text counted) to check that eval will give every gate rule enough items. Each stage skips itself when its
+inputs and config are unchanged, and pretrain resumes an interrupted attempt from its newest checkpoint, so
+re-running after a failure or a kill picks up where the run stopped. A failed stage or a refused gate stops the
+pipeline: the report card is still written (what ran, and why it stopped), the reason is the last line printed, and
+the exit code is non-zero. Only a refusal (GateRefused) reads "refused by the gate": an MLflow that fails during
+promote is a failed stage, reported with MLflow's error and the tracking URI.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ class PipelineStopped(ForgeError):
     """A stage failed or the gate refused; the message names the stage and the reason."""
 
 
+class GateRefused(ForgeError):
+    """The gate judged the version and refused it (raised by registry/promote.py); the message names the failing
+    checks. Any other error of the promote stage (MLflow down, no registered version) is a failure, not a refusal."""
+
+
 def run_stages(cfg: ForgeConfig, force: bool, echo: Callable[[str], None]) -> dict[str, Any]:
     """Run the stages; return the outcome for the report card: result, stopped_at, reason, wall_s."""
     start = time.time()
@@ -39,6 +48,8 @@ def run_stages(cfg: ForgeConfig, force: bool, echo: Callable[[str], None]) -> di
             STAGES[name].load()(cfg, force=force, **options)
         except KeyboardInterrupt:
             raise
+        except GateRefused as exc:
+            return _stopped(label, str(exc), start, result="refused by the gate")
         except ForgeError as exc:
             return _stopped(label, str(exc), start)
         except Exception as exc:  # noqa: BLE001 - a bug in a stage: keep the traceback in the log, stop cleanly
@@ -47,10 +58,9 @@ def run_stages(cfg: ForgeConfig, force: bool, echo: Callable[[str], None]) -> di
     return {"result": "promoted", "stopped_at": None, "reason": None, "wall_s": time.time() - start}
 
 
-def _stopped(label: str, reason: str, start: float) -> dict[str, Any]:
-    refused = label == "promote"
-    return {"result": "refused by the gate" if refused else f"stopped at {label}", "stopped_at": label,
-            "reason": reason, "wall_s": time.time() - start}  # fmt: skip
+def _stopped(label: str, reason: str, start: float, result: str | None = None) -> dict[str, Any]:
+    return {"result": result or f"stopped at {label}", "stopped_at": label, "reason": reason,
+            "wall_s": time.time() - start}  # fmt: skip
 
 
 def run(cfg: ForgeConfig, force: bool = False, serve: bool = True, echo: Callable[[str], None] = print) -> dict:

@@ -18,7 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 LOG_EVERY_S = 30.0
-LOG_FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} ({percentage:.0f}%), {elapsed} elapsed, {remaining} left"
+LOG_FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} ({percentage:.0f}%), {elapsed} elapsed, {remaining} left{postfix}"
 log = logging.getLogger("forge.progress")
 
 

@@ -75,96 +75,108 @@ def collect(cfg: ForgeConfig, outcome: dict[str, Any]) -> dict[str, Any]:
 
 
 def tables(card: dict[str, Any]) -> list[render.Table]:
-    m, out = card["metrics"], card["outcome"]
-    hw = card["hardware"]
+    """The card's tables in page order, each (title, header, rows), shared by the markdown and the HTML."""
+    m = card["metrics"]
+    return [
+        ("Summary", ["", ""], summary_rows(card)),
+        ("Corpus (forge data)", ["", ""], corpus_rows(m["data"])),
+        *qa_section(card["qa"]),
+        ("Tokenizer", ["", ""], tokenizer_rows(m["tokenizer"])),
+        ("Model, token budget and pretraining", ["", ""], model_rows(m["pretrain"], m["plan"])),
+        ("Evaluation before and after SFT", ["metric", "pretrained", "fine-tuned", "random init", "chance"],
+         eval_rows(card["eval"])),
+        ("Red flags", ["flag", "pretrained", "fine-tuned"], flag_rows(card["flags"])),
+        ("Quantization", ["artifact", "size MB", "test perplexity", "drift vs HF", "decode tok/s"],
+         quantization_rows(card["quantize"])),
+        ("Gate", ["check", "result", "value", "interval", "n", "limit", "detail"], gate_rows(card["gate"])),
+        ("Lineage", ["stage", "status", "config sha256", "input sha256", "git commit", "seconds"],
+         lineage_rows(card["stages"])),
+    ]  # fmt: skip
+
+
+def summary_rows(card: dict[str, Any]) -> list[list[str]]:
+    """The run, its result, the registered version, the gate's decision, time, hardware and software."""
+    out, hw, gate = card["outcome"], card["hardware"], card["gate"]
     version = card["version"] or {}
-    gate = card["gate"]
     decision = "not reached" if gate is None else ("PASS" if gate["passed"] else "REFUSED")
-    summary = [
+    if gate and not gate["passed"]:
+        decision += f" ({', '.join(c['name'] for c in gate['checks'] if not c['passed'])})"
+    return [
         ["run", card["run"]],
         ["result", out.get("result", "-")],
         ["registered version", f"{version.get('name', '-')} v{version.get('version', '-')}"],
-        [
-            "gate",
-            decision
-            + (
-                f" ({', '.join(c['name'] for c in gate['checks'] if not c['passed'])})"
-                if gate and not gate["passed"]
-                else ""
-            ),
-        ],  # fmt: skip
+        ["gate", decision],
         ["wall-clock, this invocation", f"{out.get('wall_s', 0):.0f} s"],
         ["stage time, all stages", f"{sum(s.get('duration_s') or 0 for s in card['stages'].values()):.0f} s"],
         ["hardware", f"{hw['cpu']}, {hw['cores']} cores, {fmt(hw['memory_gib'])} GiB, GPUs: {hw['gpus'] or 'none'}"],
         ["software", f"Python {hw['python']}, torch {hw['torch']}"],
     ]
-    data = m["data"]
+
+
+def corpus_rows(data: dict[str, Any]) -> list[list[str]]:
+    """Documents in and kept, and what each filter removed (the biggest first)."""
     removed = sorted(((k.removeprefix("removed_").removesuffix("_docs"), v) for k, v in data.items()
                       if k.startswith("removed_") and k.endswith("_docs")), key=lambda kv: -kv[1])  # fmt: skip
-    corpus = [["raw documents", fmt(data.get("raw_docs"))], ["kept documents", fmt(data.get("kept_docs"))],
-              ["removed characters", f"{fmt(data.get('removed_pct_chars'))} %"],
-              *[[f"removed by {name}", fmt(n)] for name, n in removed if n]]  # fmt: skip
-    qa_tables = qa_section(card["qa"])
-    tok = m["tokenizer"]
-    tokenizer = [
-        [k, fmt(tok.get(k))]
-        for k in (
-            "vocab_size",
-            "tokens_per_word",
-            "chars_per_token",
-            "compression_warning",
-            "tokens_train",
-            "tokens_val",
-            "tokens_test",
-        )
-    ]
-    pre, plan = m["pretrain"], m["plan"]
+    return [["raw documents", fmt(data.get("raw_docs"))], ["kept documents", fmt(data.get("kept_docs"))],
+            ["removed characters", f"{fmt(data.get('removed_pct_chars'))} %"],
+            *[[f"removed by {name}", fmt(n)] for name, n in removed if n]]  # fmt: skip
+
+
+def tokenizer_rows(tok: dict[str, Any]) -> list[list[str]]:
+    keys = ("vocab_size", "tokens_per_word", "chars_per_token", "compression_warning", "tokens_train", "tokens_val",
+            "tokens_test")  # fmt: skip
+    return [[k, fmt(tok.get(k))] for k in keys]
+
+
+def model_rows(pre: dict[str, Any], plan: dict[str, Any]) -> list[list[str]]:
+    """Parameters and tokens as trained (as planned, before pretraining has run), and how pretraining went."""
     params, tokens = pre.get("parameters") or plan.get("parameters"), pre.get("tokens") or plan.get("tokens_planned")
     ratio = (pre["final_val_loss"] / pre["initial_val_loss"]) if pre.get("initial_val_loss") else None
-    model = [["parameters", fmt(params)], ["tokens trained", fmt(tokens)],
-             ["tokens per parameter (guidance 20-100)", fmt(tokens / params if params and tokens else None)],
-             ["planned peak memory (GiB)", fmt(plan.get("memory_peak_gib"))],
-             ["initial -> final val loss", f"{fmt(pre.get('initial_val_loss'))} -> {fmt(pre.get('final_val_loss'))}"
-              f" ({fmt(ratio)} of initial)"],
-             ["best val perplexity", fmt(pre.get("best_val_ppl"))], ["tokens/s", fmt(pre.get("tokens_per_s"))],
-             ["MFU (%)", fmt(pre.get("mfu"))]]  # fmt: skip
-    ev = card["eval"]
-    by_type = sorted(
-        {
-            name
-            for t in ("pretrain", "sft")
-            for name, metric in ev[t].items()
-            if metric.get("group") == "domain_by_type" and metric.get("higher_is_better")
-        }
-    )  # "mc_acc.describe"
-    evals = [[name, fmt(ev["pretrain"].get(name, {}).get("value")), fmt(ev["sft"].get(name, {}).get("value")),
-              fmt(ev["sft"].get(name, {}).get("random_init")), fmt(ev["sft"].get(name, {}).get("chance"))]
-             for name in (*DOMAIN_METRICS, *by_type)]  # fmt: skip
-    flag_names = dict.fromkeys([*card["flags"]["pretrain"], *card["flags"]["sft"]])
-    flags = [[name, *(_flag(card["flags"][t].get(name)) for t in ("pretrain", "sft"))] for name in flag_names]
-    quant = [[name, fmt(a.get("size_mb")), fmt(a.get("ppl")), f"{100 * (a.get('ppl_drift') or 0):+.3f} %",
-              fmt(a.get("decode_tokens_per_s"))] for name, a in card["quantize"].items()]  # fmt: skip
-    gate_rows = [[c["name"], c.get("result") or ("pass" if c["passed"] else "FAIL"), fmt(c.get("value")),
-                  f"[{fmt(c['interval'][0])}, {fmt(c['interval'][1])}]" if c.get("interval") else "-", fmt(c.get("n")),
-                  fmt(c.get("limit")), c.get("detail", "") + (f" **What to change:** {c['advice']}" if c.get("advice")
-                                                              else "")]
-                 for c in (gate or {}).get("checks", [])]  # fmt: skip
-    lineage = [[name, s.get("status") or "not run", (s.get("config_hash") or "")[:12],
-                ", ".join(f"{k} {v[:12]}" for k, v in (s.get("inputs") or {}).items()),
-                (s.get("git_commit") or "")[:10], fmt(s.get("duration_s"))]
-               for name, s in card["stages"].items()]  # fmt: skip
-    return [
-        ("Summary", ["", ""], summary),
-        ("Corpus (forge data)", ["", ""], corpus),
-        *qa_tables,
-        ("Tokenizer", ["", ""], tokenizer),
-        ("Model, token budget and pretraining", ["", ""], model),
-        ("Evaluation before and after SFT", ["metric", "pretrained", "fine-tuned", "random init", "chance"], evals),
-        ("Red flags", ["flag", "pretrained", "fine-tuned"], flags),
-        ("Quantization", ["artifact", "size MB", "test perplexity", "drift vs HF", "decode tok/s"], quant),
-        ("Gate", ["check", "result", "value", "interval", "n", "limit", "detail"], gate_rows),
-        ("Lineage", ["stage", "status", "config sha256", "input sha256", "git commit", "seconds"], lineage),
-    ]
+    return [["parameters", fmt(params)], ["tokens trained", fmt(tokens)],
+            ["tokens per parameter (guidance 20-100)", fmt(tokens / params if params and tokens else None)],
+            ["planned peak memory (GiB)", fmt(plan.get("memory_peak_gib"))],
+            ["initial -> final val loss", f"{fmt(pre.get('initial_val_loss'))} -> {fmt(pre.get('final_val_loss'))}"
+             f" ({fmt(ratio)} of initial)"],
+            ["best val perplexity", fmt(pre.get("best_val_ppl"))], ["tokens/s", fmt(pre.get("tokens_per_s"))],
+            ["MFU (%)", fmt(pre.get("mfu"))]]  # fmt: skip
+
+
+def eval_rows(ev: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Each domain metric, then each per-question-type one ("mc_acc.describe"), before and after SFT."""
+    by_type = sorted({name for t in ("pretrain", "sft") for name, metric in ev[t].items()
+                      if metric.get("group") == "domain_by_type" and metric.get("higher_is_better")})  # fmt: skip
+    return [[name, fmt(ev["pretrain"].get(name, {}).get("value")), fmt(ev["sft"].get(name, {}).get("value")),
+             fmt(ev["sft"].get(name, {}).get("random_init")), fmt(ev["sft"].get(name, {}).get("chance"))]
+            for name in (*DOMAIN_METRICS, *by_type)]  # fmt: skip
+
+
+def flag_rows(flags: dict[str, dict[str, Any]]) -> list[list[str]]:
+    names = dict.fromkeys([*flags["pretrain"], *flags["sft"]])  # each flag once, in the order the evals list them
+    return [[name, *(_flag(flags[t].get(name)) for t in ("pretrain", "sft"))] for name in names]
+
+
+def quantization_rows(artifacts: dict[str, dict[str, Any]]) -> list[list[str]]:
+    return [[name, fmt(a.get("size_mb")), fmt(a.get("ppl")), f"{100 * (a.get('ppl_drift') or 0):+.3f} %",
+             fmt(a.get("decode_tokens_per_s"))] for name, a in artifacts.items()]  # fmt: skip
+
+
+def gate_rows(gate: dict[str, Any] | None) -> list[list[str]]:
+    """Each check of the promotion gate, with its interval and, where it failed, what to change."""
+    rows = []
+    for c in (gate or {}).get("checks", []):
+        interval = f"[{fmt(c['interval'][0])}, {fmt(c['interval'][1])}]" if c.get("interval") else "-"
+        detail = c.get("detail", "") + (f" **What to change:** {c['advice']}" if c.get("advice") else "")
+        rows.append([c["name"], c.get("result") or ("pass" if c["passed"] else "FAIL"), fmt(c.get("value")), interval,
+                     fmt(c.get("n")), fmt(c.get("limit")), detail])  # fmt: skip
+    return rows
+
+
+def lineage_rows(stages: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Each stage's status, config hash, input hashes, git commit and duration."""
+    return [[name, s.get("status") or "not run", (s.get("config_hash") or "")[:12],
+             ", ".join(f"{k} {v[:12]}" for k, v in (s.get("inputs") or {}).items()),
+             (s.get("git_commit") or "")[:10], fmt(s.get("duration_s"))]
+            for name, s in stages.items()]  # fmt: skip
 
 
 def qa_section(qa: dict[str, Any]) -> list[render.Table]:

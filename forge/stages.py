@@ -99,9 +99,9 @@ STAGES: dict[str, StageSpec] = {
                   reads=("register",), files={"decision": "promote/decision.json"},
                   calls={"decide": "registry.promote:promote", "events": "registry.audit:events",
                          "format_history": "registry.audit:format_history"}),
-        StageSpec("rollback", "registry.audit:rollback_run",
-                  "move production back to the previous version that passed the gate",
-                  calls={"rollback": "registry.audit:rollback"}),
+        # a verb, never a pipeline step: `forge rollback [NAME]` calls rollback(cfg, name)
+        StageSpec("rollback", "registry.audit:rollback",
+                  "move production back to the previous version that passed the gate"),
         StageSpec("serve", "serve.stage:run",
                   "serve the production model (llama.cpp on CPU, vLLM on GPU), OpenAI API"),
         StageSpec("chat", "serve.stage:chat_run", "the Gradio chat UI in front of a served model"),

@@ -2,7 +2,7 @@
 
     base = open_base("/models/SmolLM2-135M-Instruct.Q4_1.gguf")     # or a directory with config.json
     base.config()                       # the transformers config (its family checked against models/families.py)
-    base.model_config(context_length)   # a ModelConfig with the base's shape: what plan and pretrain use
+    base.model_shape(context_length)    # a ModelConfig with the base's shape: what plan and pretrain use
     base.tokenizer()                    # the base's own tokenizer (a transformers fast tokenizer)
     base.load_model()                   # the weights, fp32 (a GGUF is dequantized by transformers' gguf loader)
     base.identity()                     # path, kind, sha256 and origin, for manifests and registry tags
@@ -72,11 +72,11 @@ class Base:
     def config(self) -> Any:
         return self._config
 
-    def model_config(self, context_length: int | None = None) -> ModelConfig:
+    def model_shape(self, context_length: int | None = None) -> ModelConfig:
         """The base's shape as a ModelConfig; `context_length` (the training window) at most the base's own."""
         config = self.config()
         try:
-            shape = family_of(config).model_config(config)
+            shape = family_of(config).shape_from_hf_config(config)
         except ValueError as exc:  # a shape Forge's ModelConfig refuses
             raise self._fail("its shape is not one Forge can train", exc) from exc
         if context_length is not None and context_length < shape.context_length:

@@ -5,7 +5,7 @@
     fam.parameter_breakdown(cfg.model, vocab)     # exact parameter counts by part
     fam.layer_activation_per_token(cfg.model, mixed)   # the plan's activation bytes per token and layer
     fam.decoder_layers(model)                     # the repeated blocks (FSDP units, gradient checkpointing)
-    fam.model_config(hf_config)                   # a ModelConfig with the shape of an existing model
+    fam.shape_from_hf_config(hf_config)           # a ModelConfig with the shape of an existing model
     fam.gguf_hparams(writer, hf_config); fam.gguf_tensor(name, array, hf_config)   # the GGUF export
 
     llama  LlamaForCausalLM: RMSNorm, SwiGLU feed-forward, rotary positions, no biases (Forge's default; also
@@ -61,7 +61,7 @@ class Family:
     def layer_activation_per_token(self, m: ModelConfig, mixed: bool, math_path: bool) -> float:
         raise NotImplementedError
 
-    def model_config(self, config: Any) -> ModelConfig:
+    def shape_from_hf_config(self, config: Any) -> ModelConfig:
         raise NotImplementedError
 
     def shape(self, config: Any) -> tuple[int, int, int]:
@@ -113,7 +113,7 @@ class Llama(Family):
             per_token += 6 * h  # dropout masks and the un-fused attention's extra copies
         return per_token
 
-    def model_config(self, config: Any) -> ModelConfig:
+    def shape_from_hf_config(self, config: Any) -> ModelConfig:
         for flag in ("attention_bias", "mlp_bias"):
             if getattr(config, flag, False):
                 raise ForgeError(f"a llama model with {flag}=true is not supported (Forge's llama has no biases)")
@@ -197,7 +197,7 @@ class GPT2(Family):
             per_token += 6 * h  # dropout masks (residual and attention)
         return per_token
 
-    def model_config(self, config: Any) -> ModelConfig:
+    def shape_from_hf_config(self, config: Any) -> ModelConfig:
         return ModelConfig(
             architecture="gpt2", vocab_size=config.vocab_size, hidden_size=config.n_embd, num_layers=config.n_layer,
             num_attention_heads=config.n_head, intermediate_size=config.n_inner or 4 * config.n_embd,

@@ -2,7 +2,7 @@
 
     ids = load_split(run / "tokenizer" / "shards", "test")[0][:50_000]
     result = perplexity_hf(model, ids, window=256, stride=128)      # a loaded transformers causal LM
-    result = perplexity_gguf("model-q4_k_m.gguf", ids, 256, 128)    # through llama.cpp (models/gguf.py)
+    result = perplexity_llama(llm, ids, 256, 128)                   # a loaded llama_cpp.Llama (GGUFBackend.perplexity)
     result.ppl, result.nll, result.tokens
 
 Both share `windows()`: a window of `window` ids moves by `stride`; every id after the first is scored exactly
@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -208,16 +207,3 @@ def perplexity_llama(llm: Any, token_ids: Sequence[int], window: int, stride: in
         return _nll_from_logits(llm.scores[: len(chunk)], chunk, n_targets)
 
     return sliding_perplexity(nll_fn, token_ids, window, stride)
-
-
-def perplexity_gguf(
-    path: Path, token_ids: Sequence[int], window: int, stride: int, n_threads: int | None = None
-) -> Perplexity:
-    """Perplexity of a GGUF file through llama.cpp on `token_ids` (refuses a corrupted or truncated file)."""
-    from models.gguf import load_llama
-
-    llm = load_llama(path, n_ctx=window, n_threads=n_threads)
-    try:
-        return perplexity_llama(llm, token_ids, window, stride)
-    finally:
-        llm.close()

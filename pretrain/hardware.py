@@ -6,6 +6,9 @@
                                         + 12 L H T (attention scores and values, PaLM appendix B)
     peak_flops(device, precision)       the peak of the GPU the training loop runs on (matched by its device name
                                         in the same table), or of this CPU: the MFU the loop logs
+    local_hardware()                    the device this process runs on: its CUDA GPU, else this CPU
+    resolve_precision(precision, hw)    train.precision / sft.precision for a run on `hw`, "auto" resolved: the one
+                                        rule the plan (its planned hardware), pretrain and SFT (their device) share
 
 The plan's time estimate and the measured MFU read the same peak, so they agree. The numbers are estimates: MFU
 tells whether a run is in the right range (30-50% on a GPU is good), not more.
@@ -14,7 +17,7 @@ tells whether a run is in the right range (30-50% on a GPU is good), not more.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from forge import ForgeError
@@ -35,6 +38,7 @@ class Hardware:
     kind: str = "gpu"
     overhead_gib: float = 0.8  # CUDA context, cuBLAS/cuDNN workspaces: not available to tensors
     device_name: str = ""  # a substring of torch.cuda.get_device_name() that identifies the device
+    bf16: bool = True  # native bf16 (compute capability 8.0 and later); older GPUs run fp16 on their tensor cores
 
 
 PROFILES: dict[str, Hardware] = {
@@ -42,8 +46,8 @@ PROFILES: dict[str, Hardware] = {
     for h in [
         Hardware("rtx4090", "NVIDIA RTX 4090 24 GB", 24, 165, device_name="RTX 4090"),
         Hardware("rtx3090", "NVIDIA RTX 3090 24 GB", 24, 71, device_name="RTX 3090"),
-        Hardware("t4", "NVIDIA T4 16 GB", 16, 65, device_name="T4"),
-        Hardware("v100", "NVIDIA V100 32 GB", 32, 125, device_name="V100"),
+        Hardware("t4", "NVIDIA T4 16 GB", 16, 65, device_name="T4", bf16=False),  # peak: fp16
+        Hardware("v100", "NVIDIA V100 32 GB", 32, 125, device_name="V100", bf16=False),  # peak: fp16
         Hardware("a10", "NVIDIA A10 24 GB", 24, 125, device_name="A10"),
         Hardware("a10g", "NVIDIA A10G 24 GB", 24, 70, device_name="A10G"),
         Hardware("l4", "NVIDIA L4 24 GB", 24, 121, device_name="L4"),
@@ -71,7 +75,7 @@ def _cpu_profile() -> Hardware:
     # (AVX-512 code often runs below 3 GHz): counting an AVX-512 core as AVX2 put the MFU of a 135M model at 117%.
     tflops = 2 * lanes * 2 * 3.0e9 / 1e12 * cores
     label = f"this CPU ({cores} cores, fp32, {lanes * 32}-bit FMA)"
-    return Hardware("cpu", label, round(memory, 1), tflops, "cpu", 0.0)
+    return Hardware("cpu", label, round(memory, 1), tflops, "cpu", 0.0)  # bf16: autocast runs it (slowly)
 
 
 def cpu_fp32_lanes(cpuinfo: Path = Path("/proc/cpuinfo")) -> int:
@@ -104,8 +108,8 @@ def hardware_profile(p: PlanConfig, name: str | None = None) -> Hardware:
             "(custom needs plan.memory_gb and plan.peak_tflops)"
         )
     if key != "custom" and (p.memory_gb is not None or p.peak_tflops is not None):
-        hw = Hardware(hw.name, hw.label + " (overridden)", p.memory_gb or hw.memory_gib,
-                      p.peak_tflops or hw.peak_tflops, hw.kind, hw.overhead_gib, hw.device_name)  # fmt: skip
+        hw = replace(hw, label=hw.label + " (overridden)", memory_gib=p.memory_gb or hw.memory_gib,
+                     peak_tflops=p.peak_tflops or hw.peak_tflops)  # fmt: skip
     return hw
 
 
@@ -138,3 +142,30 @@ def peak_flops(device_type: str, precision: str, cfg: ForgeConfig | None = None)
         tflops = profile.peak_tflops if profile else UNKNOWN_GPU_TFLOPS
         return tflops * 1e12 * (FP32_FRACTION if precision == "fp32" else 1.0)
     return _cpu_profile().peak_tflops * 1e12
+
+
+def local_hardware() -> Hardware:
+    """The device this process runs on: its CUDA GPU (the table's profile where it has one; bf16 as the GPU runs it
+    natively, not torch's emulation), else this CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return _cpu_profile()
+    name = torch.cuda.get_device_name()
+    memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GIB
+    known = gpu_profile(name) or Hardware(name, name, memory, UNKNOWN_GPU_TFLOPS, device_name=name)
+    return replace(known, label=name, bf16=torch.cuda.is_bf16_supported(including_emulation=False))
+
+
+def resolve_precision(precision: str, hw: Hardware, setting: str = "train.precision") -> str:
+    """`precision` (auto, bf16, fp16 or fp32) for a run on `hw`. auto: bf16 on a GPU that has it, fp16 (with loss
+    scaling) on an older GPU, fp32 on the CPU (where autocast is slow). Refuses what the device cannot run."""
+    if hw.kind == "cpu":
+        if precision == "fp16":
+            raise ForgeError(f"{setting}=fp16 needs a CUDA GPU; on CPU use bf16, fp32 or auto")
+        return "fp32" if precision == "auto" else precision
+    if precision == "auto":
+        return "bf16" if hw.bf16 else "fp16"
+    if precision == "bf16" and not hw.bf16:
+        raise ForgeError(f"{setting}=bf16: {hw.label} has no bf16; use fp16 or auto")
+    return precision

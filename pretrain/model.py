@@ -29,7 +29,7 @@ def model_config(cfg: ForgeConfig) -> ModelConfig:
     from models.base import open_base
 
     window = cfg.model.context_length if "context_length" in cfg.model.model_fields_set else None
-    return open_base(cfg.model.init_from).model_config(window)
+    return open_base(cfg.model.init_from).model_shape(window)
 
 
 def resolve_vocab(model_cfg: ModelConfig, vocab_size: int | None = None) -> int:
@@ -133,8 +133,3 @@ def count_parameters(model_cfg: ModelConfig, vocab_size: int | None = None) -> i
 def parameter_breakdown(model_cfg: ModelConfig, vocab_size: int | None = None) -> dict[str, int]:
     """Parameters by part: embeddings (token + learned positions), transformer layers, final norm, output head."""
     return family(model_cfg.architecture).parameter_breakdown(model_cfg, resolve_vocab(model_cfg, vocab_size))
-
-
-def built_parameter_count(model: Any) -> int:
-    """Parameters of a built model, each shared tensor once (what `count_parameters` predicts)."""
-    return sum(p.numel() for p in model.parameters())  # parameters() already yields a tied tensor once

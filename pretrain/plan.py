@@ -35,24 +35,26 @@ fsdp: see the last point):
   not sharded (they scale with the micro-batch, as under DDP).
 * Disk: about 4 bytes of raw text per token (10B tokens ~ 40 GB), token shards 2 bytes per token (uint16 ids
   while the vocabulary is below 65,536), a resumable checkpoint 4 (fp32 weights) + 8 (AdamW) bytes per parameter.
+
+pretrain/memory.py computes the memory terms; this module puts the plan together, its verdict and its advice.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from forge import ForgeError
-from forge.config import ForgeConfig, ModelConfig
+from forge.config import ForgeConfig, ModelConfig, TrainConfig
 from forge.io import atomic_write_json, atomic_write_text
 from forge.lineage import Stage, completed_manifest, run_stage
 from forge.paths import run_dir
-from models.families import family
-from pretrain.hardware import GIB, Hardware, hardware_profile
+from pretrain.hardware import GIB, Hardware, hardware_profile, resolve_precision
 from pretrain.hardware import flops_per_token as training_flops_per_token
+from pretrain.memory import activation_breakdown, memory_estimate, state_bytes_per_param
 from pretrain.model import count_parameters, model_config, parameter_breakdown, validate
 
 GB = 1e9
@@ -61,88 +63,6 @@ TEXT_BYTES_PER_TOKEN = 4.0  # the usual rule of thumb for English text with a BP
 # longer" regime small models use; the plan and the tokenizer stage's check both judge a run against it
 TOKENS_PER_PARAM = (20, 100)
 HEADROOM = 0.92  # the share of device memory a plan may fill (allocator fragmentation, spikes)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# memory
-
-
-def resolve_precision(precision: str, hw: Hardware) -> str:
-    """train.precision with "auto" resolved: bf16 on every GPU profile (all have it), fp32 on the CPU."""
-    if precision == "auto":
-        return "fp32" if hw.kind == "cpu" else "bf16"
-    return precision
-
-
-def state_bytes_per_param(precision: str) -> dict[str, float]:
-    """Training-state bytes per parameter by part (see the module docstring)."""
-    if precision == "fp32":
-        return {"weights": 4, "gradients": 4, "adamw_states": 8, "fp32_master": 0}
-    return {"weights": 2, "gradients": 4, "adamw_states": 8, "fp32_master": 4}
-
-
-def layer_activation_bytes(m: ModelConfig, b: int, s: int, mixed: bool, attention: str = "sdpa",
-                           device: str = "gpu") -> float:  # fmt: skip
-    """Bytes one transformer layer keeps for the backward, for a micro-batch of b sequences of s tokens."""
-    h, a = m.hidden_size, m.num_attention_heads
-    kv_dim = (m.num_key_value_heads or a) * m.head_dim
-    math_path = attention == "eager" or (m.dropout > 0 and device == "cpu")
-    per_token = family(m.architecture).layer_activation_per_token(m, mixed, math_path)
-    if attention == "sdpa":
-        per_token -= (4 if mixed else 8) * (h - kv_dim)  # K and V stay at kv-head size
-    total = b * s * per_token
-    if math_path:
-        total += a * s * s * b * (12 if m.dropout > 0 else (6 if mixed else 4))
-    return float(total)
-
-
-def activation_breakdown(m: ModelConfig, vocab: int, b: int, s: int, precision: str, checkpointing: bool,
-                         attention: str = "sdpa", device: str = "gpu") -> dict[str, float]:  # fmt: skip
-    """Activation bytes of one micro-batch: the layers, the logits/loss, and the backward's transient peak."""
-    mixed = precision != "fp32"
-    layer = layer_activation_bytes(m, b, s, mixed, attention, device)
-    h = m.hidden_size
-    embed_norm = b * s * h * family(m.architecture).embed_norm_bytes  # embeddings output, final norm
-    logits = b * s * vocab * ((2 if mixed else 4) + 4)  # the logits + the loss's fp32 log-softmax
-    transient = b * s * vocab * 8  # backward of the loss: fp32 gradients of log-probs and logits
-    if checkpointing:
-        # every layer's fp32 input; a layer is recomputed only after the loss's tensors are freed, so it adds
-        # to the peak only where it is larger than them
-        layers = m.num_layers * 4 * b * s * h + max(0.0, layer - logits - transient)
-    else:
-        layers = m.num_layers * layer
-    return {"layers": float(layers), "embeddings_and_norm": float(embed_norm), "logits_and_loss": float(logits),
-            "loss_backward_transient": float(transient)}  # fmt: skip
-
-
-def fsdp_unit_bytes(m: ModelConfig, vocab: int, precision: str) -> float:
-    """FSDP's gathered buffers: the largest wrap unit's compute copy twice (current + prefetch), its fp32 grads."""
-    parts = parameter_breakdown(m, vocab)
-    unit = max(parts["layers"] / m.num_layers, parts["embeddings"] + parts["output_head"] + parts["final_norm"])
-    return float(unit * (2 * (4 if precision == "fp32" else 2) + 4))
-
-
-def memory_estimate(m: ModelConfig, vocab: int, hw: Hardware, precision: str, micro_batch: int, seq: int,
-                    checkpointing: bool, attention: str = "sdpa",
-                    shards: int | None = None) -> dict[str, Any]:  # fmt: skip
-    """Peak memory per device, in bytes, split by part; `shards`: FSDP over that many GPUs (None: DDP)."""
-    n = count_parameters(m, vocab)
-    per_param = state_bytes_per_param(precision)
-    state = {k: float(v * n) for k, v in per_param.items()}
-    if precision != "fp32" and checkpointing:
-        # autocast's bf16 weight copies live one layer at a time when the layers are recomputed
-        layers_params = parameter_breakdown(m, vocab)["layers"]
-        state["weights"] = 2.0 * (n - layers_params + layers_params / m.num_layers)
-    gathered = 0.0
-    if shards is not None:
-        # the fp32 state is split; 16-bit copies exist only in the gathered unit (counted below)
-        state = {k: (0.0 if k == "weights" and precision != "fp32" else v / shards) for k, v in state.items()}
-        gathered = fsdp_unit_bytes(m, vocab, precision)
-    acts = activation_breakdown(m, vocab, micro_batch, seq, precision, checkpointing, attention, hw.kind)
-    overhead = hw.overhead_gib * GIB
-    total = sum(state.values()) + sum(acts.values()) + overhead + gathered
-    return {"parameters": n, "state": state, "activations": acts, "overhead": overhead, "fsdp_gathered": gathered,
-            "total": total}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -176,30 +96,53 @@ def corpus_tokens(cfg: ForgeConfig) -> tuple[int | None, int | None, str]:
 
 def estimate(cfg: ForgeConfig, hardware: str | None = None, attention: str = "sdpa") -> dict[str, Any]:
     """The whole plan as a JSON-ready dict (sizes in bytes, times in seconds)."""
-    m, t, p = model_config(cfg), cfg.train, cfg.plan  # with model.init_from: the base's shape, from its config
+    m, t = model_config(cfg), cfg.train  # with model.init_from: the base's shape, from its config
     hw = hardware_profile(cfg.plan, hardware)
     train_tokens, trained_vocab, tokens_source = corpus_tokens(cfg)
-    untrained = m.vocab_size if cfg.model.init_from else cfg.tokenizer.vocab_size  # a base's vocabulary is its own
-    tokenizer_vocab = trained_vocab if trained_vocab is not None else untrained
-    warnings = validate(m, tokenizer_vocab)
-    vocab = tokenizer_vocab
+    untrained_vocab = m.vocab_size if cfg.model.init_from else cfg.tokenizer.vocab_size  # a base's is its own
+    vocab = trained_vocab if trained_vocab is not None else untrained_vocab
+    warnings = validate(m, vocab)
     precision = resolve_precision(t.precision, hw)
     if hw.kind == "cpu" and precision != "fp32":
         warnings.append(f"train.precision={t.precision} on the CPU: mixed precision is slow there; planned as given")
-    seq = m.context_length
     n = count_parameters(m, vocab)
-    breakdown = parameter_breakdown(m, vocab)
-
-    # tokens
-    global_batch_tokens = t.micro_batch_size * t.grad_accum_steps * p.num_gpus * seq
-    planned = p.target_tokens or t.max_steps * global_batch_tokens
-    tokens = {
-        "recommended_min": TOKENS_PER_PARAM[0] * n, "recommended_max": TOKENS_PER_PARAM[1] * n,
-        "planned": planned, "planned_per_param": planned / n, "global_batch_tokens": global_batch_tokens,
-        "steps": math.ceil(planned / global_batch_tokens), "corpus_train": train_tokens, "corpus_source": tokens_source,
-        "epochs": planned / train_tokens if train_tokens else None,
+    tokens = token_budget(cfg, m, n, train_tokens, tokens_source)
+    warnings += token_warnings(tokens, n)
+    if t.sharding == "fsdp" and cfg.plan.num_gpus == 1:
+        warnings.append("train.sharding=fsdp on plan.num_gpus=1: nothing to shard, forge pretrain trains unsharded "
+                        "there (planned as ddp); plan the GPUs you will shard over with plan.num_gpus")  # fmt: skip
+    return {
+        "run": cfg.run_name, "hardware": asdict(hw), "model": model_summary(m, vocab, n), "tokens": tokens,
+        "memory": memory_plan(cfg, Workload(m, vocab, hw, precision, attention, fsdp_shards(cfg))),
+        "time": time_estimate(cfg, m, vocab, hw, tokens["planned"]),
+        "disk": disk_estimate(cfg, vocab, n, train_tokens, tokens["planned"]), "warnings": warnings,
     }  # fmt: skip
 
+
+def model_summary(m: ModelConfig, vocab: int, n: int) -> dict[str, Any]:
+    """The model's shape and its n parameters, by part."""
+    return {"architecture": m.architecture, "vocab_size": vocab, "hidden_size": m.hidden_size,
+            "num_layers": m.num_layers, "num_attention_heads": m.num_attention_heads,
+            "intermediate_size": m.intermediate_size, "context_length": m.context_length,
+            "parameters": n, "parameter_breakdown": parameter_breakdown(m, vocab)}  # fmt: skip
+
+
+def token_budget(cfg: ForgeConfig, m: ModelConfig, n: int, corpus: int | None, source: str) -> dict[str, Any]:
+    """The planned tokens (plan.target_tokens, else the steps' worth) against TOKENS_PER_PARAM and the corpus."""
+    t = cfg.train
+    global_batch_tokens = t.micro_batch_size * t.grad_accum_steps * cfg.plan.num_gpus * m.context_length
+    planned = cfg.plan.target_tokens or t.max_steps * global_batch_tokens
+    return {
+        "recommended_min": TOKENS_PER_PARAM[0] * n, "recommended_max": TOKENS_PER_PARAM[1] * n,
+        "planned": planned, "planned_per_param": planned / n, "global_batch_tokens": global_batch_tokens,
+        "steps": math.ceil(planned / global_batch_tokens), "corpus_train": corpus, "corpus_source": source,
+        "epochs": planned / corpus if corpus else None,
+    }  # fmt: skip
+
+
+def token_warnings(tokens: dict[str, Any], n: int) -> list[str]:
+    """An under-trained model, or a corpus repeated beyond what more epochs are worth."""
+    planned, warnings = tokens["planned"], []
     if planned < tokens["recommended_min"]:
         warnings.append(
             f"{_count(planned)} planned tokens are {planned / n:.1f} per parameter, below {TOKENS_PER_PARAM[0]}x: "
@@ -211,129 +154,137 @@ def estimate(cfg: ForgeConfig, hardware: str | None = None, attention: str = "sd
             f"{tokens['epochs']:.1f} epochs over the train split: beyond ~4 repeats extra epochs add little and "
             "memorisation grows (Muennighoff et al. 2023); more data or a smaller model"
         )
+    return warnings
 
-    # memory
-    usable = hw.memory_gib * GIB * HEADROOM
-    # train.sharding=fsdp shards over the processes; on one there is nothing to shard and forge pretrain trains
-    # unsharded, so the plan does too
-    fsdp_ways = p.num_gpus if p.num_gpus > 1 else None
-    sharding = t.sharding if fsdp_ways else "ddp"
-    if t.sharding == "fsdp" and p.num_gpus == 1:
-        warnings.append("train.sharding=fsdp on plan.num_gpus=1: nothing to shard, forge pretrain trains unsharded "
-                        "there (planned as ddp); plan the GPUs you will shard over with plan.num_gpus")  # fmt: skip
-    shards = fsdp_ways if sharding == "fsdp" else None
-    mb, ckpt = t.micro_batch_size, t.gradient_checkpointing
-    configured = memory_estimate(m, vocab, hw, precision, mb, seq, ckpt, attention, shards)
-    without = memory_estimate(m, vocab, hw, precision, mb, seq, False, attention, shards)
-    with_ckpt = memory_estimate(m, vocab, hw, precision, mb, seq, True, attention, shards)
-    by_sharding = {
-        "ddp": memory_estimate(m, vocab, hw, precision, mb, seq, ckpt, attention)["total"],
-        "fsdp": memory_estimate(m, vocab, hw, precision, mb, seq, ckpt, attention, fsdp_ways)["total"],
-    }
+
+def fsdp_shards(cfg: ForgeConfig) -> int | None:
+    """The GPUs train.sharding=fsdp shards over (None: unsharded, ddp). FSDP shards over the processes; on one there
+    is nothing to shard and forge pretrain trains unsharded, so the plan does too."""
+    return cfg.plan.num_gpus if cfg.train.sharding == "fsdp" and cfg.plan.num_gpus > 1 else None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a GPU's peak memory depends on besides the micro-batch size and gradient checkpointing."""
+
+    m: ModelConfig
+    vocab: int
+    hw: Hardware
+    precision: str
+    attention: str
+    shards: int | None  # FSDP over that many GPUs; None: unsharded (ddp)
+
+    def peak(self, micro_batch: int, checkpointing: bool) -> dict[str, Any]:
+        return memory_estimate(self.m, self.vocab, self.hw, self.precision, micro_batch, self.m.context_length,
+                               checkpointing, self.attention, self.shards)  # fmt: skip
+
+
+def memory_plan(cfg: ForgeConfig, work: Workload) -> dict[str, Any]:
+    """Peak memory per GPU as configured (and without/with checkpointing, under ddp/fsdp), its verdict and advice."""
+    t, gpus, usable = cfg.train, cfg.plan.num_gpus, work.hw.memory_gib * GIB * HEADROOM
+    micro_batch, checkpointing = t.micro_batch_size, t.gradient_checkpointing
+    configured = work.peak(micro_batch, checkpointing)
+    without_checkpointing, with_checkpointing = work.peak(micro_batch, False), work.peak(micro_batch, True)
+    by_sharding = {name: replace(work, shards=ways).peak(micro_batch, checkpointing)["total"]
+                   for name, ways in (("ddp", None), ("fsdp", gpus if gpus > 1 else None))}  # fmt: skip
     fits = configured["total"] <= usable
-    advice = _advice(m, vocab, hw, precision, seq, mb, t.grad_accum_steps, ckpt, usable, attention, fits, shards)
-    if not fits and sharding == "ddp" and p.num_gpus > 1 and by_sharding["fsdp"] <= usable:
-        advice.insert(0, f"train.sharding=fsdp (FSDP over the {p.num_gpus} GPUs): {by_sharding['fsdp'] / GIB:.1f} GiB "
-                         f"per GPU of {usable / GIB:.1f} usable, same batch")  # fmt: skip
-    memory = {
-        "sharding": sharding, "num_gpus": p.num_gpus, "total_by_sharding": by_sharding,
-        "precision": precision, "micro_batch_size": t.micro_batch_size,
-        "gradient_checkpointing": t.gradient_checkpointing,
-        "attention": attention, "device_gib": hw.memory_gib, "usable_gib": usable / GIB, **configured,
-        "activations_without_checkpointing": sum(without["activations"].values()),
-        "activations_with_checkpointing": sum(with_ckpt["activations"].values()),
-        "total_without_checkpointing": without["total"], "total_with_checkpointing": with_ckpt["total"],
-        "optimizer_state_mixed_precision": 12.0 * n,  # master + m + v, the ZeRO paper's "optimizer states"
-        "verdict": "fits" if fits else "OOM", "advice": advice,
-    }  # fmt: skip
-
-    # time
-    flops_per_token = training_flops_per_token(m, vocab)
-    recompute = 8 / 6 if t.gradient_checkpointing else 1.0
-    mfu, mfu_source = measured_mfu(cfg)
-    if mfu is None:
-        mfu, mfu_source = p.mfu, "assumed (plan.mfu)"
-    throughput = p.num_gpus * hw.peak_tflops * 1e12 * mfu
-    seconds = planned * flops_per_token * recompute / throughput
-    time_ = {
-        "flops_per_token": flops_per_token, "total_flops": planned * flops_per_token, "mfu": mfu,
-        "mfu_source": mfu_source,
-        "num_gpus": p.num_gpus, "peak_tflops": hw.peak_tflops,
-        "tokens_per_second": throughput / (flops_per_token * recompute),
-        "seconds": seconds, "hours": seconds / 3600,
-    }  # fmt: skip
-
-    # disk
-    corpus_for = train_tokens or planned
-    text_per_token = float(tokenizer_metrics(cfg).get("bytes_per_token") or TEXT_BYTES_PER_TOKEN)
-    token_bytes = 2 if vocab <= 65536 else 4
-    ckpt = 4 * n + 8 * n
-    disk = {
-        "corpus_tokens": corpus_for, "corpus_basis": "train split" if train_tokens else "planned",
-        "text_bytes_per_token": text_per_token,
-        "corpus_text_bytes": corpus_for * text_per_token,
-        "token_shard_bytes": corpus_for * token_bytes, "checkpoint_bytes": ckpt, "checkpoint_weights_bytes": 4 * n,
-        "checkpoints_kept": t.keep_checkpoints, "checkpoints_bytes": ckpt * t.keep_checkpoints,
-        "export_bf16_bytes": 2 * n,
-    }  # fmt: skip
-
     return {
-        "run": cfg.run_name, "hardware": asdict(hw),
-        "model": {"architecture": m.architecture, "vocab_size": vocab, "hidden_size": m.hidden_size,
-                  "num_layers": m.num_layers, "num_attention_heads": m.num_attention_heads,
-                  "intermediate_size": m.intermediate_size, "context_length": seq,
-                  "parameters": n, "parameter_breakdown": breakdown},
-        "tokens": tokens, "memory": memory, "time": time_, "disk": disk, "warnings": warnings,
+        "sharding": "fsdp" if work.shards else "ddp", "num_gpus": gpus, "total_by_sharding": by_sharding,
+        "precision": work.precision, "micro_batch_size": micro_batch, "gradient_checkpointing": checkpointing,
+        "attention": work.attention, "device_gib": work.hw.memory_gib, "usable_gib": usable / GIB, **configured,
+        "activations_without_checkpointing": sum(without_checkpointing["activations"].values()),
+        "activations_with_checkpointing": sum(with_checkpointing["activations"].values()),
+        "total_without_checkpointing": without_checkpointing["total"],
+        "total_with_checkpointing": with_checkpointing["total"],
+        "optimizer_state_mixed_precision": 12.0 * configured["parameters"],  # master + m + v, ZeRO's "optimizer states"
+        "verdict": "fits" if fits else "OOM",
+        "advice": memory_advice(work, t, usable, fits, gpus, by_sharding["fsdp"]),
     }  # fmt: skip
 
 
-def _advice(m: ModelConfig, vocab: int, hw: Hardware, precision: str, seq: int, mb: int, accum: int, ckpt: bool,
-            usable: float, attention: str, fits: bool, shards: int | None = None) -> list[str]:  # fmt: skip
-    """What to change so the run fits (or what headroom is left)."""
-    global_seqs = mb * accum
+def memory_advice(work: Workload, t: TrainConfig, usable: float, fits: bool, gpus: int, fsdp_peak: float) -> list[str]:
+    """What to change so the run fits (FSDP first, where it is enough), or what headroom is left."""
+    micro_batch, checkpointing = t.micro_batch_size, t.gradient_checkpointing
+    global_seqs = micro_batch * t.grad_accum_steps
 
-    def total(micro: int, checkpointing: bool) -> float:
-        return memory_estimate(m, vocab, hw, precision, micro, seq, checkpointing, attention, shards)["total"]
+    def total(micro: int, recompute: bool) -> float:
+        return float(work.peak(micro, recompute)["total"])
 
-    def largest_micro(checkpointing: bool) -> int:
-        best = 0
+    def largest_micro(recompute: bool) -> int:  # the largest power of two up to the global batch that fits; 0: none
         micro = 1
-        while micro <= max(global_seqs, 1) and total(micro, checkpointing) <= usable:
-            best = micro
+        while micro <= max(global_seqs, 1) and total(micro, recompute) <= usable:
             micro *= 2
-        return best
+        return micro // 2
 
     advice = []
     if fits:
-        room = largest_micro(ckpt)
-        if room > mb:
+        room = largest_micro(checkpointing)
+        if room > micro_batch:
             advice.append(f"headroom: micro-batch {room} also fits (grad_accum_steps {max(1, global_seqs // room)} "
                           "keeps the global batch)")  # fmt: skip
-        if ckpt and total(mb, False) <= usable:
+        if checkpointing and total(micro_batch, False) <= usable:
             advice.append("gradient checkpointing is not needed at this micro-batch: turn it off for ~25% speed")
         return advice
-    for checkpointing in [False, True] if not ckpt else [True]:
-        micro = largest_micro(checkpointing)
+    for recompute in [False, True] if not checkpointing else [True]:
+        micro = largest_micro(recompute)
         if micro:
-            how = "with train.gradient_checkpointing=true, " if checkpointing and not ckpt else ""
+            how = "with train.gradient_checkpointing=true, " if recompute and not checkpointing else ""
             advice.append(
                 f"{how}train.micro_batch_size={micro} and train.grad_accum_steps={math.ceil(global_seqs / micro)} "
                 f"(same global batch of {global_seqs} sequences): "
-                f"{total(micro, checkpointing) / GIB:.1f} GiB of {usable / GIB:.1f} usable"
+                f"{total(micro, recompute) / GIB:.1f} GiB of {usable / GIB:.1f} usable"
             )
     if not advice:
-        state_per_param = sum(state_bytes_per_param(precision).values()) / (shards or 1)
-        spare = (
-            usable
-            - hw.overhead_gib * GIB
-            - sum(activation_breakdown(m, vocab, 1, seq, precision, True, attention, hw.kind).values())
-        )
-        max_params = max(spare, 0) / state_per_param
         advice.append(
             f"even micro-batch 1 with gradient checkpointing does not fit: use a smaller model (at most "
-            f"~{max_params / 1e6:.0f}M parameters here), a larger GPU, or shard the state across GPUs (FSDP/ZeRO)"
+            f"~{largest_model(work, usable) / 1e6:.0f}M parameters here), a larger GPU, or shard the state across "
+            "GPUs (FSDP/ZeRO)"
         )
+    if work.shards is None and gpus > 1 and fsdp_peak <= usable:  # ddp, where sharding the state would fit
+        advice.insert(0, f"train.sharding=fsdp (FSDP over the {gpus} GPUs): {fsdp_peak / GIB:.1f} GiB per GPU of "
+                         f"{usable / GIB:.1f} usable, same batch")  # fmt: skip
     return advice
+
+
+def largest_model(work: Workload, usable: float) -> float:
+    """The parameters whose training state fits beside micro-batch 1 with gradient checkpointing."""
+    state_per_param = sum(state_bytes_per_param(work.precision).values()) / (work.shards or 1)
+    activations = activation_breakdown(work.m, work.vocab, 1, work.m.context_length, work.precision, True,
+                                       work.attention, work.hw.kind)  # fmt: skip
+    spare = usable - work.hw.overhead_gib * GIB - sum(activations.values())
+    return max(spare, 0) / state_per_param
+
+
+def time_estimate(cfg: ForgeConfig, m: ModelConfig, vocab: int, hw: Hardware, planned: int) -> dict[str, Any]:
+    """Training time at the MFU the pretrain stage measured, else plan.mfu; checkpointing recomputes the forward."""
+    flops_per_token = training_flops_per_token(m, vocab)
+    recompute = 8 / 6 if cfg.train.gradient_checkpointing else 1.0
+    mfu, mfu_source = measured_mfu(cfg)
+    if mfu is None:
+        mfu, mfu_source = cfg.plan.mfu, "assumed (plan.mfu)"
+    throughput = cfg.plan.num_gpus * hw.peak_tflops * 1e12 * mfu
+    seconds = planned * flops_per_token * recompute / throughput
+    return {
+        "flops_per_token": flops_per_token, "total_flops": planned * flops_per_token, "mfu": mfu,
+        "mfu_source": mfu_source, "num_gpus": cfg.plan.num_gpus, "peak_tflops": hw.peak_tflops,
+        "tokens_per_second": throughput / (flops_per_token * recompute), "seconds": seconds, "hours": seconds / 3600,
+    }  # fmt: skip
+
+
+def disk_estimate(cfg: ForgeConfig, vocab: int, n: int, train_tokens: int | None, planned: int) -> dict[str, Any]:
+    """Text, token shards and checkpoints of the train split once tokenized (before: of the planned tokens)."""
+    corpus = train_tokens or planned
+    text_per_token = float(tokenizer_metrics(cfg).get("bytes_per_token") or TEXT_BYTES_PER_TOKEN)
+    token_bytes = 2 if vocab <= 65536 else 4
+    checkpoint_bytes = 4 * n + 8 * n  # fp32 weights + AdamW m and v
+    kept = cfg.train.keep_checkpoints
+    return {
+        "corpus_tokens": corpus, "corpus_basis": "train split" if train_tokens else "planned",
+        "text_bytes_per_token": text_per_token, "corpus_text_bytes": corpus * text_per_token,
+        "token_shard_bytes": corpus * token_bytes, "checkpoint_bytes": checkpoint_bytes,
+        "checkpoint_weights_bytes": 4 * n, "checkpoints_kept": kept, "checkpoints_bytes": checkpoint_bytes * kept,
+        "export_bf16_bytes": 2 * n,
+    }  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -358,6 +309,8 @@ def render_text(plan: dict[str, Any]) -> str:
     state_total = sum(st.values())
     n = m["parameters"]
     mixed = mem["precision"] != "fp32"
+    corpus = (f"{_count(tok['corpus_train'])} train tokens ({tok['epochs']:.2f} epochs)" if tok["corpus_train"]
+              else tok["corpus_source"])  # fmt: skip
     amp = "FSDP's" if mem["sharding"] == "fsdp" else "torch autocast"  # 16-bit copies of the gathered unit / of all
     lines = [
         f"plan for run {plan['run']} on {hw['label']} x{tm['num_gpus']}",
@@ -372,12 +325,7 @@ def render_text(plan: dict[str, Any]) -> str:
         f"({TOKENS_PER_PARAM[0]}x-{TOKENS_PER_PARAM[1]}x parameters)",
         f"            planned {_count(tok['planned'])} ({tok['planned_per_param']:.1f} per parameter, "
         f"{tok['steps']:,} steps of {tok['global_batch_tokens']:,} tokens)",
-        "            corpus  "
-        + (
-            f"{_count(tok['corpus_train'])} train tokens ({tok['epochs']:.2f} epochs)"
-            if tok["corpus_train"]
-            else tok["corpus_source"]
-        ),
+        f"            corpus  {corpus}",
         "",
         f"memory      per device, {mem['precision']}{f' ({amp} mixed precision)' if mixed else ''}, "
         f"micro-batch {mem['micro_batch_size']} x {m['context_length']} tokens, "

@@ -30,6 +30,7 @@ from tokenizers import Tokenizer
 
 from forge import ForgeError
 from forge.io import atomic_path
+from forge.progress import progress
 
 FORMAT = "forge-token-shards/1"
 READ_BATCH_DOCS = 1024  # documents per encode_batch call: enough work for the Rust thread pool, little RAM
@@ -84,8 +85,11 @@ def encode_split(tokenizer: Tokenizer, shards: list[Path], out_dir: Path, split:
     stats = SplitStats(token_counts=np.zeros(vocab, dtype=np.int64))
     offsets = [np.zeros(1, dtype=np.int64)]
     position = 0
-    with open(out_dir / f"{split}.bin", "wb") as out:
+    documents = sum(pq.ParquetFile(shard).metadata.num_rows for shard in shards)
+    bar = progress(total=documents, desc=f"tokenizer: encode {split}", unit="doc")
+    with open(out_dir / f"{split}.bin", "wb") as out, bar:
         for texts in iter_text_batches(shards):
+            bar.update(len(texts))
             encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
             lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
             flat = np.empty(int(lengths.sum()) + len(texts), dtype=dtype)

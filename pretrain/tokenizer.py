@@ -33,23 +33,25 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+import pyarrow.parquet as pq
+from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+from tokenizers import models as bpe_models  # not the project's models/ package, which run_base imports
 
 from forge import ForgeError
 from forge.config import ForgeConfig, TokenizerConfig
 from forge.hashing import sha256_file
 from forge.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from forge.lineage import Stage, require_completed, run_stage
+from forge.progress import progress
 from pretrain.data.splits import SPLITS
-from pretrain.token_shards import SplitStats, iter_text_batches, load_split, write_shards
+from pretrain.token_shards import iter_text_batches, load_split, write_shards
+from pretrain.tokenizer_report import compression_report, report_markdown
 
 log = logging.getLogger("forge.tokenizer")
 
 SPECIAL_NAMES = ("pad", "unk", "bos", "eos")  # what the first four `tokenizer.special_tokens` are, in order
 CHAT_ROLES = ("system", "user", "assistant")  # what the three `tokenizer.chat_roles` are, in order
 N_BYTES = 256  # the byte-level alphabet: every byte has a token, so no text is ever unknown
-TOP_TOKENS = 20  # how many of the most frequent val tokens the report lists
 FORBIDDEN_CHARS = "'\"\\"  # would break the Jinja string literals the chat template quotes tokens in
 
 
@@ -123,17 +125,26 @@ def shard_listing(files: list[Path]) -> str:
     return "\n".join(f"{f.name} {sha256_file(f)}" for f in files)
 
 
-def train_texts(shards: list[Path], max_docs: int | None) -> Iterator[list[str]]:
-    """The train split in batches, capped at `max_docs` documents."""
+def train_texts(shards: list[Path], max_docs: int | None, desc: str = "tokenizer: read train") -> Iterator[list[str]]:
+    """The train split in batches, capped at `max_docs` documents; forge.progress counts them as `desc` (a bar on
+    a terminal, else a log line every 30 seconds)."""
+    total = doc_count(shards) if max_docs is None else min(max_docs, doc_count(shards))
     left = max_docs
-    for batch in iter_text_batches(shards):
-        if left is not None:
-            batch = batch[:left]
-            left -= len(batch)
-        if batch:
-            yield batch
-        if left is not None and left <= 0:
-            return
+    with progress(total=total, desc=desc, unit="doc", logger=log) as bar:
+        for batch in iter_text_batches(shards):
+            if left is not None:
+                batch = batch[:left]
+                left -= len(batch)
+            if batch:
+                yield batch
+                bar.update(len(batch))
+            if left is not None and left <= 0:
+                return
+
+
+def doc_count(shards: list[Path]) -> int:
+    """The documents in parquet shards, from their footers (no text read)."""
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in shards)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -158,7 +169,7 @@ def check_corpus_capacity(shards: list[Path], tcfg: TokenizerConfig) -> None:
     splitter = pre_tokenizer()
     words: set[str] = set()
     bound = docs = 0
-    for batch in train_texts(shards, tcfg.max_train_docs):
+    for batch in train_texts(shards, tcfg.max_train_docs, "tokenizer: vocabulary bound"):
         for text in batch:
             docs += 1
             for word, _ in splitter.pre_tokenize_str(text):
@@ -183,7 +194,7 @@ def train_tokenizer(shards: list[Path], tcfg: TokenizerConfig) -> Tokenizer:
 def train_bpe(texts: Iterable[str] | Iterable[list[str]], tcfg: TokenizerConfig) -> Tokenizer:
     """Train Forge's byte-level BPE on texts (or batches of texts); the checks below hold for every caller."""
     specials = all_special_tokens(tcfg)
-    tokenizer = Tokenizer(models.BPE(unk_token=tcfg.special_tokens[1]))
+    tokenizer = Tokenizer(bpe_models.BPE(unk_token=tcfg.special_tokens[1]))
     tokenizer.pre_tokenizer = pre_tokenizer()
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -279,115 +290,28 @@ def save_tokenizer(tokenizer: Tokenizer, tcfg: TokenizerConfig, out_dir: Path) -
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# checks and the compression report
+# the round trip check (the compression report: tokenizer_report.py)
 
 
 def check_roundtrip(tokenizer: Tokenizer, shards: list[Path], shards_dir: Path, split: str) -> int:
     """Decode every document of a split back from its token shard; raise on the first that differs from its text."""
     tokens, offsets = load_split(shards_dir, split)
     doc = 0
-    for texts in iter_text_batches(shards):
-        ids = [tokens[offsets[doc + i] : offsets[doc + i + 1] - 1].tolist() for i in range(len(texts))]
-        decoded = tokenizer.decode_batch(ids, skip_special_tokens=False)
-        for i, (text, back) in enumerate(zip(texts, decoded, strict=True)):
-            if text != back:
-                at = next(
-                    (j for j, (a, b) in enumerate(zip(text, back, strict=False)) if a != b), min(len(text), len(back))
-                )
-                raise ForgeError(
-                    f"tokenizer round trip failed on {split} document {doc + i} at character {at}: "
-                    f"{text[max(0, at - 20) : at + 20]!r} came back as {back[max(0, at - 20) : at + 20]!r}"
-                )
-        doc += len(texts)
+    with progress(total=len(offsets) - 1, desc=f"tokenizer: round trip on {split}", unit="doc", logger=log) as bar:
+        for texts in iter_text_batches(shards):
+            ids = [tokens[offsets[doc + i] : offsets[doc + i + 1] - 1].tolist() for i in range(len(texts))]
+            decoded = tokenizer.decode_batch(ids, skip_special_tokens=False)
+            for i, (text, back) in enumerate(zip(texts, decoded, strict=True)):
+                if text != back:
+                    differ = (j for j, (a, b) in enumerate(zip(text, back, strict=False)) if a != b)
+                    at = next(differ, min(len(text), len(back)))
+                    raise ForgeError(
+                        f"tokenizer round trip failed on {split} document {doc + i} at character {at}: "
+                        f"{text[max(0, at - 20) : at + 20]!r} came back as {back[max(0, at - 20) : at + 20]!r}"
+                    )
+            doc += len(texts)
+            bar.update(len(texts))
     return doc
-
-
-def compression_report(
-    tokenizer: Tokenizer, stats: dict[str, SplitStats], tcfg: TokenizerConfig, split: str = "val",
-    unk_token: str | None = "", from_base: bool = False,
-) -> dict[str, Any]:  # fmt: skip
-    """Compression of `split` (tokens per word, chars per token, vocabulary use, top tokens, unknown bytes).
-    `unk_token`: the unknown token ("": the config's, None: the tokenizer has none); `from_base`: the tokenizer is
-    model.init_from's, which cannot be retrained here (the warning's advice differs)."""
-    s, train = stats[split], stats["train"]
-    vocab = tokenizer.get_vocab_size()
-    unk_id = (
-        tokenizer.token_to_id(tcfg.special_tokens[1] if unk_token == "" else unk_token)
-        if unk_token is not None
-        else None
-    )
-    tokens = max(s.doc_tokens, 1)
-    top = np.argsort(-s.token_counts, kind="stable")[:TOP_TOKENS]
-    report: dict[str, Any] = {
-        "split": split,
-        "documents": s.documents,
-        "words": s.words,
-        "chars": s.chars,
-        "bytes": s.bytes,
-        "doc_tokens": s.doc_tokens,
-        "tokens_per_word": round(s.doc_tokens / max(s.words, 1), 4),
-        "chars_per_token": round(s.chars / tokens, 4),
-        "bytes_per_token": round(s.bytes / tokens, 4),
-        "vocab_size": vocab,
-        "vocab_used_fraction": round(float((s.token_counts > 0).sum()) / vocab, 4),
-        "vocab_used_fraction_train": round(float((train.token_counts > 0).sum()) / vocab, 4),
-        "unk_token_rate": float(s.token_counts[unk_id]) / tokens if unk_id is not None else 0.0,
-        # bytes of this split whose value never occurs in train: their byte tokens were never trained
-        "unknown_byte_rate": float(s.byte_counts[train.byte_counts == 0].sum()) / max(s.bytes, 1),
-        "top_tokens": [
-            {
-                "id": int(i),
-                "token": tokenizer.id_to_token(int(i)),
-                "text": tokenizer.decode([int(i)], skip_special_tokens=False),
-                "count": int(s.token_counts[i]),
-                "share": round(float(s.token_counts[i]) / tokens, 4),
-            }
-            for i in top
-            if s.token_counts[i] > 0
-        ],
-        "max_tokens_per_word": tcfg.max_tokens_per_word,
-        "warnings": [],
-    }
-    if s.words == 0:
-        report["warnings"].append(f"the {split} split has no words: compression was not measured; check forge data")
-    elif report["tokens_per_word"] > tcfg.max_tokens_per_word:
-        fix = ("the base model's tokenizer was trained on other text: each window holds fewer words and training "
-               "sees fewer per step; a base whose vocabulary fits this domain (model.init_from) splits it better"
-               if from_base else "use a larger vocabulary (tokenizer.vocab_size, usually 32k-50k, 48k for "
-               "acronym-heavy technical text) or a training corpus more representative of the text the model will "
-               "see")  # fmt: skip
-        report["warnings"].append(
-            f"{split}: {report['tokens_per_word']:.3f} tokens per word > tokenizer.max_tokens_per_word="
-            f"{tcfg.max_tokens_per_word}: the tokenizer splits this domain's words poorly; {fix}"
-        )
-    return report
-
-
-def report_markdown(report: dict[str, Any], splits: dict[str, dict[str, int]]) -> str:
-    r = report
-    lines = [
-        f"# Tokenizer report: compression on {r['split']}",
-        "",
-        f"- vocabulary: {r['vocab_size']:,} tokens; used on {r['split']}: {r['vocab_used_fraction']:.1%}, "
-        f"on train: {r['vocab_used_fraction_train']:.1%}",
-        f"- tokens per word: {r['tokens_per_word']:.3f} (warning above {r['max_tokens_per_word']})",
-        f"- characters per token: {r['chars_per_token']:.3f}; bytes per token: {r['bytes_per_token']:.3f}",
-        f"- unknown-byte rate (bytes never seen in train): {r['unknown_byte_rate']:.2e}; "
-        f"[UNK] token rate: {r['unk_token_rate']:.2e}",
-        f"- {r['split']}: {r['documents']:,} documents, {r['words']:,} words, {r['chars']:,} characters, "
-        f"{r['doc_tokens']:,} tokens",
-        "",
-        "| split | documents | tokens (with one EOS per document) |",
-        "|---|---:|---:|",
-        *(f"| {name} | {s['documents']:,} | {s['tokens']:,} |" for name, s in splits.items()),
-        "",
-    ]
-    lines += [f"Most frequent {r['split']} tokens:", "", "| id | text | count | share |", "|---:|---|---:|---:|"]
-    for t in r["top_tokens"]:
-        text = repr(t["text"]).replace("|", "\\|")  # a pipe would end the table cell
-        lines.append(f"| {t['id']} | `{text}` | {t['count']:,} | {t['share']:.2%} |")
-    lines += ["", *(f"WARNING: {w}" for w in r["warnings"])]
-    return "\n".join(lines).rstrip() + "\n"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -162,10 +162,6 @@ def rollback(cfg: ForgeConfig, name: str | None = None) -> dict[str, Any]:
     raise ForgeError(f"{name}: no earlier version passed the gate before v{prod_v}; nothing to roll back to")
 
 
-def rollback_run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
-    return rollback(cfg, cfg.registry.model_name)
-
-
 def _millis() -> int:
     import time
 

@@ -2,12 +2,13 @@
 
 Pure logic (no MLflow, no files but the policy): registry/promote.py downloads a version's artifacts, hashes them
 and hands the reports here. Every check returns pass/fail with the measured value, its interval and sample size
-where it has one, the limit and one line of detail; missing evidence is a failure, never a pass.
+where it has one, the limit and one line of detail; missing evidence is a failure, never a pass. The table and
+the MLflow tags that show a decision are registry/gate_table.py's.
 
     policy = load_policy("configs/policies/gate.yaml")
     checks = evaluate(policy, Evidence(eval_report=..., quantize_report=..., quantize_manifest=...,
                                        model_sha256=..., gguf_sha256={"model-q4_k_m.gguf": ...}, lineage=...))
-    print(format_table(checks))
+    print(gate_table.format_table(checks))
 
 Policy file (format "forge-gate/2"; see configs/policies/gate.yaml):
   confidence    the level of every interval (two-sided; 0.95)
@@ -34,7 +35,6 @@ artifacts stored with the version; the eval reports measured the run's own test 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,12 +190,12 @@ def _flag_checks(policy: Policy, report: dict[str, Any]) -> list[Check]:
     for name, f in by_name.items():
         state = f.get("passed")
         if state is True:
-            out.append(Check(f"red_flag:{name}", True, _brief(f.get("value")), _brief(f.get("threshold")), "passed"))
+            out.append(Check(f"red_flag:{name}", True, brief(f.get("value")), brief(f.get("threshold")), "passed"))
         elif state is None and name in policy.red_flags.allow_not_run and name not in policy.red_flags.required:
             out.append(Check(f"red_flag:{name}", True, None, "pass or not run", f"not run: {f.get('evidence', '')}"))
         else:
             why = "did not run" if state is None else "FAILED"
-            out.append(Check(f"red_flag:{name}", False, _brief(f.get("value")), _brief(f.get("threshold")),
+            out.append(Check(f"red_flag:{name}", False, brief(f.get("value")), brief(f.get("threshold")),
                              f"{why}: {f.get('evidence', '')}"))  # fmt: skip
     return out
 
@@ -458,46 +458,10 @@ def _short(sha: Any) -> Any:
     return sha[:12] if isinstance(sha, str) else sha
 
 
-def _brief(value: Any) -> str:
+def brief(value: Any) -> str:
+    """A value as one short cell of the table: 4 significant digits, a dict as "key value, ..."."""
     if isinstance(value, dict):
-        return ", ".join(f"{k} {_brief(v)}" for k, v in value.items())
+        return ", ".join(f"{k} {brief(v)}" for k, v in value.items())
     if isinstance(value, float):
         return f"{value:.4g}"
     return "" if value is None else str(value)
-
-
-def format_table(checks: list[Check], title: str = "") -> str:
-    """The decision as a plain-text table: check, result, value, interval, n, limit, detail."""
-    rows = [("check", "result", "value", "interval", "n", "limit", "detail")]
-    rows += [(c.name, c.result, _brief(c.value), interval_text(c), "" if c.n is None else str(c.n), _brief(c.limit),
-              c.detail) for c in checks]  # fmt: skip
-    widths = [min(max(len(r[i]) for r in rows), 48) for i in range(6)]
-    lines = [title] if title else []
-    for i, row in enumerate(rows):
-        lines.append("  ".join(cell[:48].ljust(w) for cell, w in zip(row[:6], widths, strict=True)) + "  " + row[6])
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 6)
-    verdict = "PASS" if passed(checks) else f"FAIL ({len(failing(checks))} failing: {', '.join(failing(checks))})"
-    lines += [f"what to change: {c.name}: {c.advice}" for c in checks if c.advice]
-    lines.append(f"decision: {verdict}")
-    return "\n".join(lines)
-
-
-def interval_text(check: Check) -> str:
-    return "" if check.interval is None else f"[{check.interval[0]:.4g}, {check.interval[1]:.4g}]"
-
-
-def tag_key(check: Check) -> str:
-    """The MLflow tag of a check's row (tag keys allow letters, digits, _ - . / and spaces)."""
-    name = check.name.replace(":", ".").replace(">", " above ").replace("<", " below ")
-    return "forge.gate.check." + re.sub(r"[^\w.\-/ ]", "_", name)
-
-
-def advice_tag_key(check: Check) -> str:
-    """The MLflow tag holding a failing rule's advice."""
-    return tag_key(check).replace("forge.gate.check.", "forge.gate.advice.", 1)
-
-
-def tag_value(check: Check) -> str:
-    n = "" if check.n is None else f" n={check.n}"
-    return f"{check.result} {_brief(check.value)} {interval_text(check)}{n} limit {_brief(check.limit)}: {check.detail}"

@@ -5,7 +5,9 @@
 The gate judges only evidence downloaded from the registry (never local files): the version's reports, lineage and
 files, hashed here and handed to registry/gate.py with the current @production's eval report for the regression
 checks. Every decision, pass or refuse, is tagged on the version (forge.gate.decision, and one forge.gate.check.*
-tag per row of the table) and appended to the audit log (registry/audit.py).
+tag per row of the table) and appended to the audit log (registry/audit.py). A failure of MLflow itself (server
+down, a registry error) is no decision: it is reported as RegistryUnavailable, with the tracking URI, never as a
+refusal.
 """
 
 from __future__ import annotations
@@ -22,10 +24,20 @@ from forge.config import ForgeConfig
 from forge.hashing import sha256_file, sha256_tree
 from forge.io import atomic_write_json, read_json_object, utc_now
 from forge.paths import run_dir
+from forge.pipeline import GateRefused
 from forge.tracking import client_for
-from registry import gate
+from registry import gate, gate_table
 from registry.audit import append_event, events, production_stack
-from registry.store import ALIAS, MAX_TAG, download_version, get_version, production, scratch, try_download
+from registry.store import (
+    ALIAS,
+    MAX_TAG,
+    download_version,
+    get_version,
+    mlflow_errors,
+    production,
+    scratch,
+    try_download,
+)
 
 
 @dataclass
@@ -39,17 +51,13 @@ class Decision:
 
     def table(self) -> str:
         title = f"gate: {self.name} v{self.version} (policy sha256 {self.policy_sha256[:12]})"
-        return gate.format_table(self.checks, title)
+        return gate_table.format_table(self.checks, title)
 
     def as_dict(self) -> dict[str, Any]:
         """For decision.json and the report card: every check with its interval and sample size."""
         return {"name": self.name, "version": self.version, "passed": self.passed, "previous": self.previous,
                 "policy_sha256": self.policy_sha256,
                 "checks": [asdict(c) | {"result": c.result} for c in self.checks]}  # fmt: skip
-
-
-class GateRefused(ForgeError):
-    """The gate refused a version; the message is the decision table."""
 
 
 def read_evidence(root: Path, tags: dict[str, Any]) -> gate.Evidence:
@@ -77,18 +85,31 @@ def promote(cfg: ForgeConfig, name: str | None = None, version: str | int | None
     """Judge `models:/NAME/VERSION` (default: the newest version) by the gate policy; move @production if it passes.
 
     The decision, pass or fail, is tagged on the version and appended to the audit log. Returns the Decision; the
-    caller decides how to fail (the CLI exits 1, the pipeline raises GateRefused).
+    caller decides how to fail (the CLI exits 1, the pipeline raises GateRefused). RegistryUnavailable (no decision)
+    when MLflow fails.
     """
     name = name or cfg.registry.model_name
     policy = gate.load_policy(cfg.registry.gate_policy)
     client = client_for(cfg)
-    mv = get_version(client, name, version)
-    prod = production(client, name)
+    with mlflow_errors(client.tracking_uri, f"reading {name} version {version or '(the newest)'} and its evidence"):
+        mv = get_version(client, name, version)
+        prod = production(client, name)
+        # The regression baseline is what the audit log put in production, not whatever the alias says now: an alias
+        # moved by hand to a weak version must not make a weak candidate look fine.
+        stack = production_stack(events(cfg, name))
+        evidence = _download_evidence(cfg, client, name, mv, stack[-1] if stack else None)
     version_s, prod_v = str(mv.version), str(prod.version) if prod else None  # int in the sqlite store
-    # The regression baseline is what the audit log put in production, not whatever the alias says now: an alias
-    # moved by hand to a weak version must not make a weak candidate look fine.
-    stack = production_stack(events(cfg, name))
-    baseline = stack[-1] if stack else None
+    checks = gate.evaluate(policy, evidence)
+    decision = Decision(name, version_s, gate.passed(checks), checks, policy.sha256, prod_v)
+    doing = f"recording the gate's decision on {name} v{version_s} (it may be recorded only in part)"
+    with mlflow_errors(client.tracking_uri, doing):
+        _record(cfg, client, decision)
+    return decision
+
+
+def _download_evidence(cfg: ForgeConfig, client, name: str, mv, baseline: str | None) -> gate.Evidence:
+    """The candidate's evidence, with the eval report of the audited @production version to regress against."""
+    version_s = str(mv.version)
     with tempfile.TemporaryDirectory(prefix=".gate-", dir=scratch()) as tmp:
         evidence = read_evidence(download_version(cfg, client, name, version_s, Path(tmp) / "candidate"), mv.tags)
         if baseline is not None:
@@ -98,10 +119,7 @@ def promote(cfg: ForgeConfig, name: str | None = None, version: str | int | None
             else:
                 got = try_download(cfg, client, name, baseline, "reports/eval.json", Path(tmp) / "production")
                 evidence.production_eval = read_json_object(got) if got else None
-    checks = gate.evaluate(policy, evidence)
-    decision = Decision(name, version_s, gate.passed(checks), checks, policy.sha256, prod_v)
-    _record(cfg, client, decision)
-    return decision
+    return evidence
 
 
 def promote_run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
@@ -109,10 +127,13 @@ def promote_run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     version = (read_json_object(run_dir(cfg) / "register" / "version.json") or {}).get("version")
     if version is None:
         raise ForgeError(f"no {run_dir(cfg)}/register/version.json: run `forge register` first")
+    # For the run's report card: the decision this run got, pass or refuse (the audit log keeps all of them). An
+    # earlier attempt's is removed first, so that an MLflow failure is not shown beside an old refusal.
+    decision_file = run_dir(cfg) / "promote" / "decision.json"
+    decision_file.unlink(missing_ok=True)
     decision = promote(cfg, cfg.registry.model_name, version)
     print(decision.table())
-    # For the run's report card: the decision this run got, pass or refuse (the audit log keeps all of them).
-    atomic_write_json(run_dir(cfg) / "promote" / "decision.json", decision.as_dict())
+    atomic_write_json(decision_file, decision.as_dict())
     if not decision.passed:
         raise GateRefused(
             f"{decision.name} v{decision.version} refused by the gate: {', '.join(gate.failing(decision.checks))}"
@@ -134,8 +155,8 @@ def _record(cfg: ForgeConfig, client, d: Decision) -> None:
         "forge.gate.time": now,
         "forge.gate.user": user,
     }
-    tags |= {gate.tag_key(c): gate.tag_value(c)[:MAX_TAG] for c in d.checks}
-    tags |= {gate.advice_tag_key(c): c.advice[:MAX_TAG] for c in d.checks if c.advice}
+    tags |= {gate_table.tag_key(c): gate_table.tag_value(c)[:MAX_TAG] for c in d.checks}
+    tags |= {gate_table.advice_tag_key(c): c.advice[:MAX_TAG] for c in d.checks if c.advice}
     for key, value in tags.items():
         client.set_model_version_tag(d.name, d.version, key, value)
     event = {"action": "promote" if d.passed else "refuse", "version": d.version, "previous": d.previous,

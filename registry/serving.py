@@ -24,12 +24,6 @@ from registry.audit import audited_production
 from registry.store import ALIAS, download_version, recorded_files, scratch, verify_files
 
 
-def resolve_production(cfg: ForgeConfig, name: str | None = None) -> Path:
-    """Local directory of `models:/NAME@production` (model/, gguf/, tokenizer/, reports/). Refuses an alias that
-    `forge promote`/`forge rollback` did not set and files whose sha256 differs from what registration recorded."""
-    return _production_dir(cfg, name or cfg.registry.model_name)[0]
-
-
 def servable(cfg: ForgeConfig, part: str) -> tuple[Path, dict[str, Any]]:
     """The file `part` of @production ("model", or "gguf/model-TYPE.gguf"), re-verified now, and where it comes from
     ({"name", "alias", "version"}): the one way serving gets a model from the registry."""
@@ -45,6 +39,9 @@ def servable(cfg: ForgeConfig, part: str) -> tuple[Path, dict[str, Any]]:
 
 
 def _production_dir(cfg: ForgeConfig, name: str) -> tuple[Path, Any]:
+    """The local copy of `models:/NAME@production` (model/, gguf/, tokenizer/, reports/, lineage.json) and its
+    version. Refuses an alias that `forge promote`/`forge rollback` did not set, and a download whose files' sha256
+    differ from what registration recorded."""
     client = client_for(cfg)
     prod, prod_v, stack, audited = audited_production(
         cfg, client, name, f"promote one with `forge promote {name} VERSION`"

@@ -15,6 +15,8 @@ forge.run, forge.code_commit, and after each `forge promote` forge.gate.* (regis
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +29,35 @@ from forge.tracking import tracking_uri
 ALIAS = "production"
 CANDIDATE = "candidate"  # artifact path, in the register stage's run, of the files a version carries
 MAX_TAG = 4900  # MLflow's model version tag values stop at 5000 characters
+MISSING = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")  # MLflow's error codes for no such model/version/alias
+
+
+class RegistryUnavailable(ForgeError):
+    """MLflow itself failed (its server down or unreachable, a registry error): nothing was judged, no model refused."""
+
+
+def unavailable(uri: str, doing: str, exc: Exception) -> RegistryUnavailable:
+    """The error that says what Forge was doing, at which tracking URI, MLflow's own words and what to do."""
+    return RegistryUnavailable(
+        f"MLflow failed while {doing} (tracking URI {uri}): {exc}. Check that the MLflow server is running and "
+        "reachable and that registry.tracking_uri names it, then run the same command again"
+    )
+
+
+@contextlib.contextmanager
+def mlflow_errors(uri: str, doing: str) -> Iterator[None]:
+    """Report an MLflow failure inside the block as RegistryUnavailable, not as a traceback or a verdict."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as exc:
+        raise unavailable(uri, doing, exc) from None
 
 
 def get_version(client, name: str, version: str | int | None):
-    """`models:/NAME/VERSION`, the newest version when `version` is None; ForgeError when there is none."""
+    """`models:/NAME/VERSION`, the newest version when `version` is None; ForgeError when there is none,
+    RegistryUnavailable when MLflow cannot say."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -41,19 +68,21 @@ def get_version(client, name: str, version: str | int | None):
             return max(versions, key=lambda v: int(v.version))
         return client.get_model_version(name, str(version))
     except MlflowException as exc:
-        raise ForgeError(f"no version {version} of registered model {name!r} ({exc.error_code})") from None
+        if exc.error_code in MISSING:
+            raise ForgeError(f"no version {version} of registered model {name!r} ({exc.error_code})") from None
+        raise unavailable(client.tracking_uri, f"reading {name} version {version or '(the newest)'}", exc) from None
 
 
 def production(client, name: str):
-    """The version @production points at, or None."""
+    """The version @production points at, or None (RegistryUnavailable when MLflow cannot say)."""
     from mlflow.exceptions import MlflowException
 
     try:
         return client.get_model_version_by_alias(name, ALIAS)
     except MlflowException as exc:
-        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):  # no such model or alias
+        if exc.error_code in MISSING:
             return None
-        raise ForgeError(f"cannot read {name}@{ALIAS} from the registry at {client.tracking_uri}: {exc}") from None
+        raise unavailable(client.tracking_uri, f"reading {name}@{ALIAS}", exc) from None
 
 
 def download_version(cfg: ForgeConfig, client, name: str, version: str, dst: Path, path: str = "") -> Path:

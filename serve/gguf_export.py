@@ -30,13 +30,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from forge import ForgeError
 from forge.io import atomic_path
-from models.families import family_of
+from models.families import Family, family_of
 from models.pretokenize import check_llama_cpp_tokens, llama_cpp_pre_type
 
 SKIPPED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")  # buffers, not weights
@@ -88,8 +88,15 @@ def read_tokenizer(tokenizer_dir: Path) -> dict[str, Any]:
     return {"json": tok, "config": config, "chat_template": template, "pre": pre, "hf": hf}
 
 
-def vocabulary(tok: dict[str, Any], n_vocab: int) -> tuple[list[str], list[int], list[str], dict[str, int]]:
-    """(tokens, token types, merges, token -> id) for a model with `n_vocab` embedding rows."""
+class Vocabulary(NamedTuple):
+    tokens: list[str]  # one per embedding row, by id
+    types: list[int]  # gguf.TokenType of each
+    merges: list[str]
+    ids: dict[str, int]  # the tokenizer's own token -> id
+
+
+def vocabulary(tok: dict[str, Any], n_vocab: int) -> Vocabulary:
+    """The tokens, token types, merges and token -> id for a model with `n_vocab` embedding rows."""
     import gguf
 
     vocab: dict[str, int] = dict(tok["model"]["vocab"])
@@ -111,7 +118,7 @@ def vocabulary(tok: dict[str, Any], n_vocab: int) -> tuple[list[str], list[int],
         else:
             types[i] = int(gguf.TokenType.NORMAL)
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"].get("merges", [])]
-    return tokens, types, merges, vocab
+    return Vocabulary(tokens, types, merges, vocab)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -135,62 +142,20 @@ def write_gguf(
     if outtype not in ("f16", "f32"):
         raise ForgeError(f"outtype={outtype!r}: the export writes f16 or f32; quantize from the f16 file")
     fam = family_of(config, "GGUF export")
-    arch = fam.name
     tok = read_tokenizer(tokenizer_dir)
-    tokens, types, merges, vocab = vocabulary(tok["json"], config.vocab_size)
-    tok_config = tok["config"]
-
-    def special_id(key: str, fallback: int | None) -> int | None:
-        value = tok_config.get(key)
-        if isinstance(value, dict):
-            value = value.get("content")
-        return vocab.get(value, fallback) if isinstance(value, str) else fallback
-
-    gguf_arch = {name: key for key, name in gguf.MODEL_ARCH_NAMES.items()}[arch]
+    vocab = vocabulary(tok["json"], config.vocab_size)  # refuses a tokenizer with more ids than the model has rows
+    gguf_arch = {name: key for key, name in gguf.MODEL_ARCH_NAMES.items()}[fam.name]
     names = gguf.get_tensor_name_map(gguf_arch, fam.shape(config)[0])
-    tied = bool(getattr(config, "tie_word_embeddings", True))
 
     out_path = Path(out_path)
-    params = 0
-    n_tensors = 0
     with atomic_path(out_path) as tmp:
         writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf_arch])
         writer.add_name(name or out_path.stem)
         writer.add_vocab_size(config.vocab_size)
         fam.gguf_hparams(writer, config)
         writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if outtype == "f16" else gguf.LlamaFileType.ALL_F32)
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre(tok["pre"])
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        writer.add_token_merges(merges)
-        for key, add, fallback in (
-            ("bos_token", writer.add_bos_token_id, getattr(config, "bos_token_id", None)),
-            ("eos_token", writer.add_eos_token_id, getattr(config, "eos_token_id", None)),
-            ("unk_token", writer.add_unk_token_id, None),
-            ("pad_token", writer.add_pad_token_id, getattr(config, "pad_token_id", None)),
-        ):
-            token_id = special_id(key, fallback)
-            if token_id is not None:
-                add(int(token_id))
-        writer.add_add_bos_token(bool(tok_config.get("add_bos_token", False)))
-        writer.add_add_eos_token(bool(tok_config.get("add_eos_token", False)))
-        if tok["chat_template"]:
-            writer.add_chat_template(tok["chat_template"])
-
-        for hf_name in sorted(state_dict):
-            if hf_name.endswith(SKIPPED_SUFFIXES):
-                continue
-            if hf_name == "lm_head.weight" and tied:
-                continue  # llama.cpp reuses token_embd as the output layer when output.weight is absent
-            new_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-            if new_name is None:
-                raise ForgeError(f"tensor {hf_name!r} has no GGUF name for {arch}: not exported")
-            data = fam.gguf_tensor(hf_name, state_dict[hf_name].detach().to("cpu").float().numpy(), config)
-            data = np.ascontiguousarray(data, dtype=np.float16 if outtype == "f16" and data.ndim > 1 else np.float32)
-            writer.add_tensor(new_name, data)
-            params += data.size
-            n_tensors += 1
+        _add_tokenizer(writer, tok, vocab, config)
+        n_tensors, params = _add_tensors(writer, state_dict, fam, names, config, outtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -198,16 +163,71 @@ def write_gguf(
         checked = check_llama_cpp_tokens(tmp, tok["hf"])  # raises before the rename: no GGUF that tokenizes apart
     return {
         "path": str(out_path),
-        "architecture": arch,
+        "architecture": fam.name,
         "outtype": outtype,
         "tensors": n_tensors,
         "parameters": params,
         "vocab_size": config.vocab_size,
-        "tokenizer_tokens": len(vocab),
+        "tokenizer_tokens": len(vocab.ids),
         "pre_tokenizer": tok["pre"],
         "tokenization_checked_tokens": checked,
         "size_bytes": out_path.stat().st_size,
     }
+
+
+def _add_tokenizer(writer: Any, tok: dict[str, Any], vocab: Vocabulary, config: Any) -> None:
+    """The tokenizer's metadata (the module docstring lists it); a special token tokenizer_config.json does not
+    name falls back to the model config's id."""
+    tok_config = tok["config"]
+
+    def special_id(key: str, fallback: int | None) -> int | None:
+        value = tok_config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        return vocab.ids.get(value, fallback) if isinstance(value, str) else fallback
+
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(tok["pre"])
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.types)
+    writer.add_token_merges(vocab.merges)
+    for key, add, fallback in (
+        ("bos_token", writer.add_bos_token_id, getattr(config, "bos_token_id", None)),
+        ("eos_token", writer.add_eos_token_id, getattr(config, "eos_token_id", None)),
+        ("unk_token", writer.add_unk_token_id, None),
+        ("pad_token", writer.add_pad_token_id, getattr(config, "pad_token_id", None)),
+    ):
+        token_id = special_id(key, fallback)
+        if token_id is not None:
+            add(int(token_id))
+    writer.add_add_bos_token(bool(tok_config.get("add_bos_token", False)))
+    writer.add_add_eos_token(bool(tok_config.get("add_eos_token", False)))
+    if tok["chat_template"]:
+        writer.add_chat_template(tok["chat_template"])
+
+
+def _add_tensors(
+    writer: Any, state_dict: Mapping[str, Any], fam: Family, names: Any, config: Any, outtype: str
+) -> tuple[int, int]:
+    """Every weight under its GGUF name (`names`: gguf's TensorNameMap), through its family's transform: 2-D in
+    `outtype`, 1-D in f32. Buffers and a tied output head are left out. Returns (tensors, parameters) written."""
+    tied = bool(getattr(config, "tie_word_embeddings", True))
+    params = 0
+    n_tensors = 0
+    for hf_name in sorted(state_dict):
+        if hf_name.endswith(SKIPPED_SUFFIXES):
+            continue
+        if hf_name == "lm_head.weight" and tied:
+            continue  # llama.cpp reuses token_embd as the output layer when output.weight is absent
+        new_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if new_name is None:
+            raise ForgeError(f"tensor {hf_name!r} has no GGUF name for {fam.name}: not exported")
+        data = fam.gguf_tensor(hf_name, state_dict[hf_name].detach().to("cpu").float().numpy(), config)
+        data = np.ascontiguousarray(data, dtype=np.float16 if outtype == "f16" and data.ndim > 1 else np.float32)
+        writer.add_tensor(new_name, data)
+        params += data.size
+        n_tensors += 1
+    return n_tensors, params
 
 
 def export_gguf(model_dir: Path, out_path: Path, outtype: str = "f16", name: str | None = None) -> dict[str, Any]:

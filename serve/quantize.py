@@ -255,21 +255,37 @@ def _build(stage: Stage, model_dir: Path, types: list[str]) -> dict[str, float]:
 
 
 def _measure(stage: Stage, model_dir: Path, types: list[str]) -> dict[str, float]:
+    """Measure the HF reference, then every GGUF type, then every bitsandbytes load; write the report."""
     from transformers import AutoConfig
 
     cfg = stage.cfg
-    q = cfg.quantize
     ids, offsets = eval_token_ids(cfg)
     hf_cfg = AutoConfig.from_pretrained(model_dir)
     context = int(getattr(hf_cfg, "max_position_embeddings", None) or hf_cfg.n_positions)
     ev = Evaluator(cfg, ids, offsets, context)
     warnings: list[str] = []
-    artifacts: dict[str, dict[str, Any]] = {}
 
-    log.info("quantize: reference HF fp32 model %s (%d test tokens, window %d)", model_dir, len(ids), ev.window)
+    artifacts = {"hf-fp32": _measure_reference(ev, model_dir, len(ids))}
+    _remove_stale_ggufs(stage.dir, types)
+    for type_name in types:
+        artifacts[type_name] = _measure_gguf(stage, ev, model_dir, type_name, warnings)
+    for kind in cfg.quantize.bitsandbytes:
+        artifacts[f"bnb-{kind}"] = _measure_bitsandbytes(ev, model_dir, kind, warnings)
+
+    report = _report(model_dir, hf_cfg.model_type, len(ids), ev, artifacts, warnings)
+    atomic_write_json(stage.dir / "quantize.json", report)
+    atomic_write_text(stage.dir / "report.md", report_markdown(report))
+    for warning in warnings:
+        log.warning("quantize: %s", warning)
+    return _metrics(artifacts, warnings)
+
+
+def _measure_reference(ev: Evaluator, model_dir: Path, tokens: int) -> dict[str, Any]:
+    """The unquantized HF model in fp32: the first one measured, so every other artifact is compared with it."""
+    log.info("quantize: reference HF fp32 model %s (%d test tokens, window %d)", model_dir, tokens, ev.window)
     model = HFBackend(model_dir)
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    artifacts["hf-fp32"] = {
+    entry = {
         "kind": "reference",
         "path": str(model_dir),
         "size_bytes": weights,
@@ -278,72 +294,87 @@ def _measure(stage: Stage, model_dir: Path, types: list[str]) -> dict[str, float
     }
     del model
     gc.collect()
-    log.info("quantize: reference measured: perplexity %.4f", artifacts["hf-fp32"]["ppl"])
+    log.info("quantize: reference measured: perplexity %.4f", entry["ppl"])
+    return entry
 
-    for stale in stage.dir.glob("model-*.gguf"):  # types dropped from quantize.gguf_types since the last run
+
+def _remove_stale_ggufs(stage_dir: Path, types: list[str]) -> None:
+    """Delete the GGUFs of types dropped from quantize.gguf_types since the last run."""
+    for stale in stage_dir.glob("model-*.gguf"):
         if stale.name.removeprefix("model-").removesuffix(".gguf") not in types:
             stale.unlink()
-    src = stage.dir / "model-f16.gguf"
-    for type_name in types:
-        path = stage.dir / f"model-{type_name}.gguf"
-        start = time.time()
-        if type_name == "f16":
-            export_gguf(model_dir, path, outtype="f16", name=f"{cfg.run_name}-f16")
-            info = check_gguf(path)
-        else:
-            info = quantize_gguf(src, path, type_name, threads=ev.threads)
-        seconds = time.time() - start
-        warning = k_quant_fallback(type_name, info["tensor_types"])
-        if warning:
-            warnings.append(warning)
-        log.info("quantize: %s %.2f MB in %.1fs, measuring", path.name, info["size_bytes"] / 1e6, seconds)
-        entry = {
-            "kind": "gguf",
-            "path": path.name,
-            "size_bytes": info["size_bytes"],
-            "size_mb": round(info["size_bytes"] / 1e6, 3),
-            "tensor_types": info["tensor_types"],
-            "build_seconds": round(seconds, 3),
-            **ev.gguf(path, type_name),
-        }
-        limit = q.max_ppl_drift.get(type_name)
-        if limit is not None:
-            entry["max_ppl_drift_vs_f16"] = limit
-            entry["drift_ok"] = entry.get("ppl_drift_vs_f16", 0.0) <= limit
-            if not entry["drift_ok"]:
-                warnings.append(
-                    f"{type_name}: perplexity {entry['ppl']:.4f} is {entry['ppl_drift_vs_f16']:+.2%} from f16, above "
-                    f"quantize.max_ppl_drift.{type_name}={limit:.2%}"
-                )
-        artifacts[type_name] = entry
 
-    for kind in q.bitsandbytes:
-        name = f"bnb-{kind}"
-        log.info("quantize: bitsandbytes %s", kind)
-        try:
-            model = HFBackend(model_dir, quantization=kind)
-        except Exception as exc:  # no AVX2, no bitsandbytes build for this platform...: report, do not fail
-            artifacts[name] = {"kind": "bitsandbytes", "error": f"{type(exc).__name__}: {exc}"}
-            warnings.append(f"bitsandbytes {kind} could not load the model: {exc}")
-            continue
-        footprint = model.memory_footprint()
-        log.info("quantize: %s loaded, measuring", name)
-        artifacts[name] = {
-            "kind": "bitsandbytes",
-            "size_bytes": footprint,
-            "size_mb": round(footprint / 1e6, 3),
-            "size_note": "in-memory footprint (bitsandbytes quantizes at load time; nothing is written)",
-            **ev.hf(model),
-        }
-        del model
-        gc.collect()
 
-    report = {
+def _measure_gguf(stage: Stage, ev: Evaluator, model_dir: Path, type_name: str, warnings: list[str]) -> dict[str, Any]:
+    """Write model-<type>.gguf (our f16 export, or llama.cpp's quantizer over it) and measure it; a K-quant that
+    fell back to other types or a drift from f16 above quantize.max_ppl_drift is appended to `warnings`."""
+    path = stage.dir / f"model-{type_name}.gguf"
+    start = time.time()
+    if type_name == "f16":
+        export_gguf(model_dir, path, outtype="f16", name=f"{stage.cfg.run_name}-f16")
+        info = check_gguf(path)
+    else:
+        info = quantize_gguf(stage.dir / "model-f16.gguf", path, type_name, threads=ev.threads)
+    seconds = time.time() - start
+    warning = k_quant_fallback(type_name, info["tensor_types"])
+    if warning:
+        warnings.append(warning)
+    log.info("quantize: %s %.2f MB in %.1fs, measuring", path.name, info["size_bytes"] / 1e6, seconds)
+    entry = {
+        "kind": "gguf",
+        "path": path.name,
+        "size_bytes": info["size_bytes"],
+        "size_mb": round(info["size_bytes"] / 1e6, 3),
+        "tensor_types": info["tensor_types"],
+        "build_seconds": round(seconds, 3),
+        **ev.gguf(path, type_name),
+    }
+    limit = stage.cfg.quantize.max_ppl_drift.get(type_name)
+    if limit is not None:
+        entry["max_ppl_drift_vs_f16"] = limit
+        entry["drift_ok"] = entry.get("ppl_drift_vs_f16", 0.0) <= limit
+        if not entry["drift_ok"]:
+            warnings.append(
+                f"{type_name}: perplexity {entry['ppl']:.4f} is {entry['ppl_drift_vs_f16']:+.2%} from f16, above "
+                f"quantize.max_ppl_drift.{type_name}={limit:.2%}"
+            )
+    return entry
+
+
+def _measure_bitsandbytes(ev: Evaluator, model_dir: Path, kind: str, warnings: list[str]) -> dict[str, Any]:
+    """The HF model loaded through bitsandbytes `kind` (int8, nf4), measured; a load that fails is reported in the
+    entry and `warnings`, never raised."""
+    name = f"bnb-{kind}"
+    log.info("quantize: bitsandbytes %s", kind)
+    try:
+        model = HFBackend(model_dir, quantization=kind)
+    except Exception as exc:  # no AVX2, no bitsandbytes build for this platform...: report, do not fail
+        warnings.append(f"bitsandbytes {kind} could not load the model: {exc}")
+        return {"kind": "bitsandbytes", "error": f"{type(exc).__name__}: {exc}"}
+    footprint = model.memory_footprint()
+    log.info("quantize: %s loaded, measuring", name)
+    entry = {
+        "kind": "bitsandbytes",
+        "size_bytes": footprint,
+        "size_mb": round(footprint / 1e6, 3),
+        "size_note": "in-memory footprint (bitsandbytes quantizes at load time; nothing is written)",
+        **ev.hf(model),
+    }
+    del model
+    gc.collect()
+    return entry
+
+
+def _report(
+    model_dir: Path, architecture: str, tokens: int, ev: Evaluator, artifacts: dict[str, Any], warnings: list[str]
+) -> dict[str, Any]:
+    """quantize.json: what was measured on what, and every artifact's figures."""
+    return {
         "model_dir": str(model_dir),
-        "architecture": hf_cfg.model_type,
+        "architecture": architecture,
         "eval": {
             "split": "test",
-            "tokens": int(len(ids)),
+            "tokens": tokens,
             "window": ev.window,
             "stride": ev.stride,
             "prompts": len(ev.prompts),
@@ -357,11 +388,10 @@ def _measure(stage: Stage, model_dir: Path, types: list[str]) -> dict[str, float
         "gpu_serving": VLLM_NOTE,
         "warnings": warnings,
     }
-    atomic_write_json(stage.dir / "quantize.json", report)
-    atomic_write_text(stage.dir / "report.md", report_markdown(report))
-    for warning in warnings:
-        log.warning("quantize: %s", warning)
 
+
+def _metrics(artifacts: dict[str, dict[str, Any]], warnings: list[str]) -> dict[str, float]:
+    """The stage's tracked metrics: <artifact>_<field> for every numeric size, perplexity, drift, agreement, speed."""
     metrics: dict[str, float] = {}
     for name, a in artifacts.items():
         key = name.replace("-", "_")

@@ -12,6 +12,43 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# System queries that answer in milliseconds (lineage's `git rev-parse`, platform's `uname -p` when mlflow loads,
+# ctypes' `ldconfig -p`): not the processes the integration marker is about (servers, training, the forge CLI).
+QUICK_COMMANDS = {"git", "uname", "ldconfig", "lscpu", "nproc", "nvidia-smi"}
+
+
+def pytest_collection_modifyitems(items):
+    """A slow test (real training, servers, browsers) is an integration test too: `-m "not integration"` is the
+    quick pass of pure logic."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def integration_guard(request, monkeypatch):
+    """A test that starts a process (the forge CLI, a server, a tool) or listens on a port must say so with
+    @pytest.mark.integration: without it, the attempt fails naming the marker, so the quick pass stays quick and
+    free of servers. The data stage's worker pools (multiprocessing) are part of the logic under test, not guarded."""
+    if request.node.get_closest_marker("integration"):
+        return
+    import socket
+
+    real_popen = subprocess.Popen
+
+    def refuse(*args, **kwargs):
+        command = args[0] if args else kwargs.get("args")
+        name = Path(str(command[0] if isinstance(command, list | tuple) else command).split()[0]).name
+        if name in QUICK_COMMANDS:
+            return real_popen(*args, **kwargs)
+        raise AssertionError(
+            f"{request.node.nodeid} starts a process or a server: mark it @pytest.mark.integration (tests/conftest.py)"
+        )
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(socket.socket, "listen", refuse)
+
+
 @pytest.fixture(autouse=True)
 def isolated_runs(tmp_path, monkeypatch):
     """Point FORGE_RUNS_DIR at a fresh directory and drop any MLFLOW_TRACKING_URI from the environment."""

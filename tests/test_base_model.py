@@ -18,6 +18,8 @@ from models.pretokenize import TRICKY_TEXT, check_llama_cpp_tokens, llama_cpp_pr
 from tests.test_gguf_export import generated_docs
 from tests.test_tokenizer import write_data_stage
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'"
     " + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
@@ -91,7 +93,7 @@ def test_missing_or_unsupported_bases_are_clear_errors(tmp_path, foreign_base):
 
 
 def test_the_shape_comes_from_the_base_and_continued_pretraining_defaults(foreign_base):
-    from pretrain.model import build_model, built_parameter_count, count_parameters, model_config
+    from pretrain.model import build_model, count_parameters, model_config
     from pretrain.plan import estimate
 
     cfg = load_config(None, [f"model.init_from={foreign_base}", "model.context_length=128", "train.max_steps=500"])
@@ -100,7 +102,7 @@ def test_the_shape_comes_from_the_base_and_continued_pretraining_defaults(foreig
         "llama", 64, 2, 4, 2,
     )  # fmt: skip
     assert (m.intermediate_size, m.vocab_size, m.rope_theta, m.context_length) == (192, 640, 50_000.0, 128)
-    assert count_parameters(m) == built_parameter_count(build_model(m)) == open_base(foreign_base).load_model(
+    assert count_parameters(m) == build_model(m).num_parameters() == open_base(foreign_base).load_model(
     ).num_parameters()  # fmt: skip
     assert estimate(cfg)["model"]["parameters"] == count_parameters(m)  # forge plan reads the base's shape
     # a window longer than the base's context is the base's context
@@ -230,7 +232,7 @@ def test_smollm2_gguf_base_shape_and_tokenizer_match_llama_cpp(smollm2_gguf):
     from transformers import AutoTokenizer
 
     base = open_base(smollm2_gguf)
-    m = base.model_config(256)
+    m = base.model_shape(256)
     assert (m.hidden_size, m.num_layers, m.num_attention_heads, m.num_key_value_heads, m.vocab_size) == (
         576, 30, 9, 3, 49152,
     )  # fmt: skip

@@ -17,6 +17,8 @@ from test_serve import ALIAS, gguf_path, serve_cfg  # noqa: F401 - gguf_path is 
 
 from forge import ForgeError
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 FORGE = str(Path(sys.executable).with_name("forge"))
 SOURCE = {"name": ALIAS, "alias": "production", "version": "3", "gguf_type": "f16", "run": "test"}
 

@@ -13,6 +13,8 @@ from test_serve import ALIAS, gguf_path, serve_cfg  # noqa: F401 - gguf_path is 
 
 from forge.config import ServeConfig
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]  # fmt: skip

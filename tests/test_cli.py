@@ -7,8 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from forge.config import load_config
 from forge.stages import STAGES
+
+pytestmark = pytest.mark.integration  # every test runs the forge CLI as a process
 
 REPO = Path(__file__).resolve().parent.parent
 FORGE = str(Path(sys.executable).with_name("forge"))

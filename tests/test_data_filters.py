@@ -243,3 +243,14 @@ def test_stdlib_corpus_is_deterministic_and_imports_nothing():
     assert "python-stdlib:json.dumps" in ids and "python-stdlib:collections.OrderedDict.popitem" in ids
     assert sum(i.startswith("python-stdlib:pydoc-topic:") for i in ids) > 50
     assert stdlib_corpus.corpus_id().startswith("python-stdlib:" + sys.version)
+
+
+def test_a_comment_in_the_main_content_is_not_text_and_not_a_crash():
+    # nodejs's template.html: trafilatura keeps the comments of a page whose content is mostly placeholders
+    page = (
+        "<html><body><main><h1>Guide</h1><!-- __TOC__ --><p>The guide explains how the server reads its "
+        "configuration file at start-up and what each setting means.</p><!-- __CONTENT__ --></main></body></html>"
+    )
+    for favor in ("precision", "recall"):
+        text = filters.extract_html(page, favor=favor)
+        assert isinstance(text, str) and "reads its configuration file" in text and "__TOC__" not in text

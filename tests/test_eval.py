@@ -627,6 +627,7 @@ def forge(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([FORGE, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.integration
 def test_bad_input_is_a_one_line_error(world, isolated_runs, tmp_path):
     use_runs(world, isolated_runs)
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps(p) + "\n" for p in qa_pairs()))

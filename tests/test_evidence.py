@@ -18,6 +18,7 @@ from forge.config import load_config
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.integration
 def test_plan_refuses_eval_settings_that_cannot_reach_min_items(isolated_runs):
     env = {**os.environ, "FORGE_RUNS_DIR": str(isolated_runs)}
     cmd = [sys.executable, "-m", "forge.cli", "plan", "--config", "configs/tiny-cpu.yaml", "--set",

@@ -31,6 +31,7 @@ def test_benchmarks_without_lm_eval_name_the_extra(monkeypatch, tmp_path):
         run_benchmarks(tmp_path, ["arc_easy"], [], tmp_path / "out", load_config(None).eval, seed=0)
 
 
+@pytest.mark.integration
 def test_no_stage_imports_an_extra_until_it_is_asked_for():
     code = (
         "import sys, forge.cli, pretrain.data.stage, evaluation.stage, finetune.sft, serve.stage\n"

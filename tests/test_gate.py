@@ -12,7 +12,7 @@ import pytest
 from test_registry import GGUF_TYPES, ITEMS, QA_SHA, REPO, TEST_TEXT_SHA, eval_report, quantize_report
 
 from forge import ForgeError
-from registry import gate
+from registry import gate, gate_table
 from registry.stats import paired_bootstrap, wilson_interval
 
 MODEL_SHA, BASE_SHA = "a" * 64, "b" * 64
@@ -94,7 +94,7 @@ def test_shipped_policy_loads_and_a_clean_candidate_passes(policy):
     assert len(policy.sha256) == 64 and set(policy.quantization.required) == set(GGUF_TYPES)
     assert policy.quality.above_chance == ["mc_acc_pmi"] and policy.confidence == 0.95
     checks = gate.evaluate(policy, evidence())
-    assert gate.passed(checks), gate.format_table(checks)
+    assert gate.passed(checks), gate_table.format_table(checks)
     names = {c.name for c in checks}
     expected = {"hash:model", "hash:model-q4_k_m.gguf", "red_flag:repetition", "quality:mc_acc_pmi>chance",
                 "quality:bits_per_byte<random_init", "quality:bits_per_byte<unigram", "quality:qa_f1>base",
@@ -289,9 +289,9 @@ def test_a_refusal_for_lack_of_evidence_says_which_setting_to_raise(policy):
     assert check(policy, ev, "quality:bits_per_byte<unigram").advice == (
         "lacked evidence: 16 test items; raise eval.text_items (now 16) to at least the policy's min_items"
     )
-    table = gate.format_table(gate.evaluate(policy, ev))
+    table = gate_table.format_table(gate.evaluate(policy, ev))
     assert "what to change: quality:bits_per_byte<unigram: lacked evidence: 16 test items" in table
-    assert gate.advice_tag_key(row) == "forge.gate.advice.quality.bits_per_byte below unigram"
+    assert gate_table.advice_tag_key(row) == "forge.gate.advice.quality.bits_per_byte below unigram"
 
 
 def test_a_refusal_on_the_models_merit_says_by_how_much_and_the_lever(policy):
@@ -310,7 +310,7 @@ def test_drift_bounds_and_the_table(policy):
         "quant:q4_k_m:ppl_drift_vs_f16"
     ]
     flagged = gate.evaluate(policy, evidence(eval_report=eval_report(MODEL_SHA, failing_flag="incoherence")))
-    table = gate.format_table(flagged)
+    table = gate_table.format_table(flagged)
     row = next(line for line in table.splitlines() if line.startswith("red_flag:incoherence"))
     assert "FAIL" in row and "incoherence evidence" in row
     assert table.endswith("decision: FAIL (1 failing: red_flag:incoherence)")
@@ -319,5 +319,5 @@ def test_drift_bounds_and_the_table(policy):
     mc = next(line for line in table.splitlines() if line.startswith("quality:mc_acc_pmi>chance"))
     assert "[0.4314, 0.5686]" in mc and " 200 " in mc and "low > 0.25" in mc
     tag = next(c for c in flagged if c.name == "quality:mc_acc_pmi>chance")
-    assert gate.tag_key(tag) == "forge.gate.check.quality.mc_acc_pmi above chance"
-    assert gate.tag_value(tag).startswith("pass 0.5 [0.4314, 0.5686] n=200 limit low > 0.25")
+    assert gate_table.tag_key(tag) == "forge.gate.check.quality.mc_acc_pmi above chance"
+    assert gate_table.tag_value(tag).startswith("pass 0.5 [0.4314, 0.5686] n=200 limit low > 0.25")

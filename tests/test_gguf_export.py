@@ -16,6 +16,8 @@ import pytest
 from forge import ForgeError
 from forge.config import ModelConfig, TokenizerConfig
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 WORDS = [
     "the",
     "of",
@@ -248,8 +250,8 @@ def test_metadata_carries_tokenizer_and_chat_template(exported):
 
 
 def test_corrupted_or_truncated_gguf_is_refused(exported, tmp_path):
+    from models.access import GGUFBackend
     from models.gguf import check_gguf
-    from models.perplexity import perplexity_gguf
 
     _, path = exported["llama"]
     data = path.read_bytes()
@@ -270,7 +272,7 @@ def test_corrupted_or_truncated_gguf_is_refused(exported, tmp_path):
             check_gguf(bad)
         assert str(bad) in str(err.value) and "forge quantize --force" in str(err.value)
     with pytest.raises(ForgeError, match="refusing GGUF file"):  # llama.cpp never sees it
-        perplexity_gguf(tmp_path / "half.gguf", list(range(10)), 8, 4)
+        GGUFBackend(tmp_path / "half.gguf")
     with pytest.raises(ForgeError, match="not found"):
         check_gguf(tmp_path / "missing.gguf")
 

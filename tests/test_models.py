@@ -12,6 +12,8 @@ from test_gguf_export import generated_docs, make_model_dir, make_tokenizer_dir
 
 from forge import ForgeError
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
@@ -49,7 +51,7 @@ def test_hf_generation_with_the_kv_cache_equals_recomputing_every_step(llama):
 def test_batched_greedy_answers_equal_one_prompt_at_a_time(llama, monkeypatch):
     """Left-padded prompts of different lengths decoded together give exactly `generate`'s greedy ids, stop ids and
     stop text included, across batches (GENERATE_ROWS shrunk to split them)."""
-    from models import access
+    from models import hf_backend
     from models.access import HFBackend
 
     model = HFBackend(llama[0])
@@ -60,7 +62,7 @@ def test_batched_greedy_answers_equal_one_prompt_at_a_time(llama, monkeypatch):
     stopped = [model.generate(p, 12, stop_ids=stop) for p in prompts]
     text_stop = model.decode(alone[5][2:4])
     by_text = [model.generate(p, 12, stop_text=text_stop) for p in prompts]
-    monkeypatch.setattr(access, "GENERATE_ROWS", 4)
+    monkeypatch.setattr(hf_backend, "GENERATE_ROWS", 4)
     assert model.greedy_many(prompts, 12) == alone
     assert model.greedy_many(prompts, 12, stop_ids=stop) == stopped and any(len(a) < 12 for a in stopped)
     assert model.greedy_many(prompts, 12, stop_text=text_stop) == by_text and len(by_text[5]) < 12
@@ -120,7 +122,7 @@ def _choice_pairs(model, items: int, choices: int) -> list[tuple[list[int], list
 def test_batched_scores_equal_the_per_choice_scores(llama, monkeypatch):
     """The padded, batched HF forward and llama.cpp's prompt-cache reuse score exactly what one sequence per
     forward does: same best choice on every item, log-likelihoods within 1e-4 (fp32)."""
-    from models import access
+    from models import hf_backend
     from models.access import Backend, GGUFBackend, HFBackend
 
     hf = HFBackend(llama[0])
@@ -131,7 +133,7 @@ def test_batched_scores_equal_the_per_choice_scores(llama, monkeypatch):
     assert np.abs(batched - per_choice).max() < 1e-4
     assert (batched.reshape(12, 4).argmax(1) == per_choice.reshape(12, 4).argmax(1)).all()
     assert len(set(per_choice.reshape(12, 4).argmax(1))) > 1  # not one answer everywhere
-    monkeypatch.setattr(access, "BATCH_LOGITS", hf.vocab_size * 40)  # a few rows of logits per forward
+    monkeypatch.setattr(hf_backend, "BATCH_LOGITS", hf.vocab_size * 40)  # a few rows of logits per forward
     assert np.abs(np.array(hf.continuation_logprobs(pairs)) - per_choice).max() < 1e-4
 
     gguf = GGUFBackend(llama[1], n_threads=1)

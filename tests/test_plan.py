@@ -17,12 +17,11 @@ from forge.config import ModelConfig, load_config
 from forge.io import atomic_write_json
 from forge.paths import run_dir
 from pretrain.hardware import PROFILES, gpu_profile, hardware_profile
+from pretrain.memory import layer_activation_bytes, memory_estimate
 from pretrain.plan import (
     GB,
     GIB,
     estimate,
-    layer_activation_bytes,
-    memory_estimate,
     render_text,
     run,
     training_budget,

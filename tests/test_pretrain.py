@@ -269,7 +269,7 @@ def test_fsdp_on_one_process_trains_unsharded_and_refuses_fp16(caplog):
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
-    from pretrain.train import lr_factor
+    from pretrain.trainer import lr_factor
 
     tcfg = load_config(None, ["train.warmup_steps=10", "train.max_steps=110", "train.min_lr_ratio=0.1"]).train
     factors = [lr_factor(s, tcfg) for s in range(111)]
@@ -280,7 +280,7 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
 
 def test_weight_decay_groups_exclude_norms_biases_and_embeddings(tiny_run):
     from pretrain.model import build_model
-    from pretrain.train import make_optimizer
+    from pretrain.trainer import make_optimizer
 
     for arch, activation in (("llama", "silu"), ("gpt2", "gelu_new")):
         cfg = tiny_run("wd", f"model.architecture={arch}", f"model.activation={activation}")

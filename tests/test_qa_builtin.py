@@ -11,6 +11,8 @@ from forge.config import ForgeConfig
 from pretrain.data.passes import split_of
 from pretrain.qa.builtin import build_split, generate_pairs, held_out, summary_and_details
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 
 def record(name: str, kind: str, text: str) -> dict:
     return {"id": f"python-stdlib:{name}", "text": text, "source": name.split(".")[0],

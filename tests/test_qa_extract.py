@@ -243,3 +243,9 @@ def test_what_real_manuals_showed_is_asked_and_answered_as_a_reader_would():
     titles = ["Didacticiel Apache : Contenu dynamique avec CGI - Serveur HTTP Apache"] * 1 + [
         f"page {i} - Serveur HTTP Apache" for i in range(9)]  # fmt: skip
     assert clean_title(titles[0], title_noise(titles)) == "Didacticiel Apache : Contenu dynamique avec CGI"
+
+
+def test_a_utf8_page_without_a_charset_declaration_keeps_its_letters():
+    page = parse_html("<html><body><h1>Löschen</h1><p>Die Datei wird gelöscht, wenn sie älter ist.</p></body></html>")
+    assert page.title == "Löschen"
+    assert [b.text for s in page.sections for b in s.blocks] == ["Die Datei wird gelöscht, wenn sie älter ist."]

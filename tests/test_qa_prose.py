@@ -20,6 +20,8 @@ import pytest
 
 from pretrain.qa import prose, teacher
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -211,6 +211,7 @@ def forge(*args: str, runs: Path, timeout: int = 600) -> subprocess.CompletedPro
     return subprocess.run([FORGE, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
 
 
+@pytest.mark.integration
 def test_the_embedded_set_is_refused_for_any_other_corpus_through_the_cli(manual, isolated_runs):
     wrong = ["--set", f"data.inputs=[{manual}]", "--set", "qa.source=builtin", "--set", "plan.hardware=cpu"]
     for verb in (["qa"], ["sft"], ["eval", "--target", "pretrain"]):

@@ -13,6 +13,8 @@ from test_gguf_export import generated_docs, hf_ids, make_model_dir, make_tokeni
 from forge import ForgeError
 from forge.config import ForgeConfig, QuantizeConfig, load_config
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def llama_f16(tmp_path_factory):
@@ -83,7 +85,8 @@ def test_perplexity_hf_and_gguf_agree(llama_f16):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from models.perplexity import perplexity_gguf, perplexity_hf
+    from models.access import GGUFBackend
+    from models.perplexity import perplexity_hf
 
     model_dir, f16 = llama_f16
     ids = hf_ids(model_dir, " ".join(generated_docs(6, seed=5)))[:300]
@@ -95,7 +98,11 @@ def test_perplexity_hf_and_gguf_agree(llama_f16):
     assert perplexity_hf(model, ids[:100], 100, 50).ppl == pytest.approx(full, rel=1e-5)
 
     hf = perplexity_hf(model, ids, 128, 64)
-    gg = perplexity_gguf(f16, ids, 128, 64, n_threads=2)
+    scorer = GGUFBackend(f16, n_threads=2, n_ctx=128)  # how forge quantize measures a GGUF
+    try:
+        gg = scorer.perplexity(ids, 128, 64)
+    finally:
+        scorer.close()
     assert hf.tokens == gg.tokens == len(ids) - 1 and hf.windows == gg.windows
     assert gg.ppl == pytest.approx(hf.ppl, rel=2e-3)
     with pytest.raises(ForgeError, match="longer than the model's context"):

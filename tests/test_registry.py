@@ -21,7 +21,9 @@ from forge.config import ForgeConfig, ModelConfig, load_config
 from forge.hashing import sha256_file, sha256_tree
 from registry import audit, gate, promote
 from registry import register as register_stage
-from registry.serving import resolve_production
+from registry.serving import servable
+
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parent.parent
 POLICY = REPO / "configs" / "policies" / "gate.yaml"
@@ -166,6 +168,11 @@ def make_candidate(
     return root
 
 
+def served_dir(cfg: ForgeConfig) -> Path:
+    """The local copy of @production that `forge serve` reads its files from (model/, gguf/, tokenizer/, ...)."""
+    return servable(cfg, "model")[0].parent
+
+
 def config(server: str, run: str, model_name: str, policy: Path | None = None) -> ForgeConfig:
     return load_config(None, [
         f"run_name={run}", f"registry.tracking_uri={server}", f"registry.model_name={model_name}",
@@ -201,7 +208,7 @@ def test_passing_candidate_is_promoted_and_served(mlflow_server, isolated_runs, 
     version = register(mlflow_server, isolated_runs, "good", model_name, model_src)
     cfg = config(mlflow_server, "good", model_name)
     with pytest.raises(ForgeError, match="no @production"):
-        resolve_production(cfg)  # nothing promoted yet: nothing is served, not even the newest version
+        served_dir(cfg)  # nothing promoted yet: nothing is served, not even the newest version
 
     decision = promote.promote(cfg, model_name, version)
     assert decision.passed, decision.table()
@@ -216,7 +223,7 @@ def test_passing_candidate_is_promoted_and_served(mlflow_server, isolated_runs, 
     # every row of the decision table is a tag, with its interval and sample size
     assert tags["forge.gate.check.quality.mc_acc_pmi above chance"].startswith("pass 0.5 [0.4314, 0.5686] n=200")
 
-    served = resolve_production(cfg)
+    served = served_dir(cfg)
     assert sha256_tree(served / "model") == tags["forge.sha256.model"]
     assert sorted(p.name for p in (served / "gguf").iterdir()) == [f"model-{t}.gguf" for t in sorted(GGUF_TYPES)]
     assert (served / "tokenizer" / "tokenizer.json").is_file()
@@ -248,7 +255,7 @@ def test_failing_red_flag_is_refused_by_the_cli_and_named(mlflow_server, isolate
     assert tags["forge.gate.decision"] == "fail" and tags["forge.gate.failing"] == "red_flag:repetition"
     assert "production" not in client.get_registered_model(model_name).aliases
     with pytest.raises(ForgeError, match="no @production"):
-        resolve_production(config(mlflow_server, "flagged", model_name))
+        served_dir(config(mlflow_server, "flagged", model_name))
     history = CliRunner().invoke(app, ["registry", "history", model_name, *args[3:]])
     assert history.exit_code == 0 and "refuse" in history.output and "red_flag:repetition" in history.output
 
@@ -291,7 +298,7 @@ def test_regression_is_refused_and_rollback_restores_the_previous_production(
     moved = audit.rollback(cfg, model_name)
     assert (moved["previous"], moved["version"]) == (v3, v1)  # back past the refused v2, to the last that passed
     assert client.get_model_version_by_alias(model_name, "production").version == v1
-    assert resolve_production(cfg).name == f"v{v1}"
+    assert served_dir(cfg).name == f"v{v1}"
     assert [(e["action"], e["version"]) for e in audit.events(cfg)] == [
         ("promote", v1), ("refuse", v2), ("refuse", v2), ("promote", v3), ("rollback", v1)]  # fmt: skip
     periods = audit.history(cfg)
@@ -302,7 +309,7 @@ def test_regression_is_refused_and_rollback_restores_the_previous_production(
     # Someone moves the alias by hand (open-source MLflow cannot stop it): Forge refuses to serve it.
     client.set_registered_model_alias(model_name, "production", v2)
     with pytest.raises(ForgeError, match="not put there by a passing"):
-        resolve_production(cfg)
+        served_dir(cfg)
 
 
 def test_embedded_store_registers_promotes_and_serves(isolated_runs, model_src):
@@ -311,7 +318,7 @@ def test_embedded_store_registers_promotes_and_serves(isolated_runs, model_src):
     cfg = load_config(None, ["run_name=embedded", f"registry.gate_policy={POLICY}"])
     assert register_stage.run(cfg)["metrics"]["version"] == 1.0
     assert promote.promote_run(cfg)["version"] == "1"
-    served = resolve_production(cfg)
+    served = served_dir(cfg)
     assert served == isolated_runs / ".registry" / "forge-model" / "v1" and (served / "model" / "config.json").is_file()
     assert (isolated_runs / "mlflow.db").is_file()
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from test_data_stage import SPLIT, build_dirty_corpus, edit_words, english_docs, read_removed, read_shards
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -37,6 +37,8 @@ from test_pretrain import (  # noqa: F401 - fixtures
 
 from pretrain import checkpoint as ckpt
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 # 2 windows x 2 accumulation steps x 2 processes: gradient accumulation runs under both shardings
 SHORT = ("train.max_steps=12", "train.eval_every=6", "train.checkpoint_every=6", "train.micro_batch_size=2",
          "train.grad_accum_steps=2")  # fmt: skip

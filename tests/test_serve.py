@@ -21,6 +21,8 @@ from conftest import free_port
 from forge import ForgeError
 from forge.config import ForgeConfig
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 ALIAS = "forge-tiny"
 FORGE = str(Path(sys.executable).with_name("forge"))
 

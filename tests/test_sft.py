@@ -19,6 +19,8 @@ from forge import ForgeError
 from forge.config import ForgeConfig, ModelConfig, TokenizerConfig, load_config
 from pretrain.qa import stage as qa_stage
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 CONVERSATION = [
     {"role": "system", "content": "You answer questions about Python."},
     {"role": "user", "content": "What does `json.dumps` do?"},

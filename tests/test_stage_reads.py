@@ -138,9 +138,8 @@ def forge_plan(copy: Path, runs: Path, *overrides: str) -> str:
     return proc.stdout + proc.stderr
 
 
-def test_forge_reruns_a_stage_when_a_setting_it_reads_or_its_code_changes_and_skips_it_otherwise(
-    project_copy, tmp_path
-):
+@pytest.mark.integration
+def test_a_stage_reruns_when_a_setting_it_reads_or_its_code_changes_and_is_skipped_otherwise(project_copy, tmp_path):
     runs = tmp_path / "runs"
     skipped = "plan: up to date, skipped"
     out = forge_plan(project_copy, runs)
@@ -160,3 +159,10 @@ def test_forge_reruns_a_stage_when_a_setting_it_reads_or_its_code_changes_and_sk
     out = forge_plan(project_copy, runs, "train.max_steps=77")
     assert "plan: re-running, its code changed" in out and skipped not in out
     assert skipped in forge_plan(project_copy, runs, "train.max_steps=77")
+
+
+def test_the_data_stage_code_includes_the_quality_rules_table_but_not_the_framework():
+    closure = code_closure("pretrain.data.stage")
+    assert "pretrain.data.filters" in closure and "forge.quality_rules" in closure
+    assert not [m for m in closure if m.startswith("forge.") and m != "forge.quality_rules"]
+    assert "finetune.sft" not in closure

@@ -24,7 +24,9 @@ from test_registry import REPO, config, model_src, register  # noqa: F401 - fixt
 
 from forge.hashing import sha256_file, sha256_tree
 from registry import promote
-from registry.serving import resolve_production
+from registry.serving import servable
+
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
 
 TEAM_ENV = dict(line.split("=", 1) for line in (REPO / "docker" / "team.env").read_text().splitlines() if "=" in line)
 PASSWORD = "team-test-password"  # the shell's FORGE_DB_PASSWORD in a real deployment
@@ -152,7 +154,7 @@ def test_team_store_keeps_the_registry_in_postgres_and_the_files_in_s3(
     assert any(k.endswith(".gguf") for k in keys), keys
 
     # serve's @production lookup downloads through the server what was registered
-    served = resolve_production(cfg)
+    served = servable(cfg, "model")[0].parent
     assert sha256_tree(served / "model") == sha256_tree(isolated_runs / "team" / "pretrain" / "model")
     for gguf in (isolated_runs / "team" / "quantize").glob("*.gguf"):
         assert sha256_file(served / "gguf" / gguf.name) == sha256_file(gguf)

@@ -331,6 +331,7 @@ def test_an_empty_val_split_is_reported_not_fatal(isolated_runs):
     assert "no words" in report["warnings"][0]
 
 
+@pytest.mark.integration
 def test_cli_without_the_data_stage_is_one_line_asking_for_forge_data(isolated_runs):
     forge = Path(sys.executable).with_name("forge")
     out = subprocess.run(

@@ -11,6 +11,8 @@ import pytest
 from forge.config import load_config
 from forge.lineage import Stage, run_stage
 
+pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -7,8 +7,11 @@ formats.py        DOCX, ODT, EPUB -> the Markdown-like text of textblocks.py (pd
 sections.py       long documents cut into sections by headings, else at paragraphs, before the split
 documents.py      a record as read -> its documents (converted, cut, sized); re-read for the Q&A stage
 words.py          what a word is per script: whitespace, or rjieba / SudachiPy for Chinese and Japanese
-filters.py        per-document rules: HTML extraction, boilerplate lines, metadata, the prose view, language, Gopher,
-                  C4, FineWeb (every rule measured, thresholds from data.quality and data.profile)
+drops.py          every way a document can be removed (FILTERS) and the record of one (Drop)
+html.py           HTML: parsed, visible text, main content (trafilatura) rendered as textblocks.py's text
+quality.py        the prose view and the quality rules (Gopher, C4, FineWeb; every rule measured, thresholds from
+                  data.quality and data.profile, the rules' table in forge/quality_rules.py)
+filters.py        the per-document steps in order: HTML extraction, boilerplate lines, metadata, language, quality
 splits.py         train/val/test by a stable hash of the id, val and test sized to data.min_eval_tokens
 calibrate.py      every rule measured on the train split; a rule that alone drops a large share is flagged
 dedup.py          exact hash, MinHash + banded LSH (explicit bands x rows), verified Jaccard, union-find, paragraphs

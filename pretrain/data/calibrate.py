@@ -1,6 +1,6 @@
 """Calibration: every cleaning rule measured on this corpus, so no rule discards a large share of it unseen.
 
-Each quality rule (filters.rules) and the language rule is measured on every train document that reaches the
+Each quality rule (quality.rules) and the language rule is measured on every train document that reaches the
 filters (all rules, not only the first that fires; a deterministic sample of CALIBRATION_DOCS when train is larger).
 For each rule the report gives its value distribution, the threshold, the share of train documents it alone would
 drop, and how many it did drop (first in pipeline order). A rule that alone would drop more than
@@ -13,7 +13,7 @@ loosens exactly where junk is common (the more spam a crawl holds, the more a re
 it would make one document's fate depend on the others. Every document's fate stays a function of itself and the
 config, and the config (config.yaml and the manifest's config hash) reproduces it; report.json records what
 calibration measured and suggested ("calibration": mode "warn"), and the manifest's metrics count the flagged rules
-(calibration_flagged_rules). The profiles (forge/config.py DATA_PROFILES) are what keeps the defaults right.
+(calibration_flagged_rules). The profiles (forge/data_config.py DATA_PROFILES) are what keeps the defaults right.
 
     cal = Calibration(cfg.data, expected_train_docs=9_000)
     cal.add(record)                                   # a train record after clean_record (kept or dropped)
@@ -33,7 +33,7 @@ import numpy as np
 import xxhash
 
 from forge.config import DataConfig
-from pretrain.data import filters
+from pretrain.data import quality
 
 CALIBRATION_DOCS = 100_000  # train documents measured at most (values kept as float32: 4 B per rule each)
 EXAMPLES = 5
@@ -53,7 +53,7 @@ class Check:
     threshold: Any
 
     def fails(self, value: float) -> bool:
-        return filters.fails(self.kind, value, self.threshold)
+        return quality.fails(self.kind, value, self.threshold)
 
 
 def checks(cfg: DataConfig) -> list[Check]:
@@ -63,7 +63,7 @@ def checks(cfg: DataConfig) -> list[Check]:
                          cfg.min_language_score))  # fmt: skip
     if cfg.quality.enabled:
         q = cfg.quality
-        out += [Check(r.name, r.filter, r.metric, r.kind, r.path, r.threshold(q)) for r in filters.rules(q)]
+        out += [Check(r.name, r.filter, r.metric, r.kind, r.path, r.threshold(q)) for r in quality.rules(q)]
     return out
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.config import DataConfig
-from pretrain.data import filters, formats, sections, textblocks
+from pretrain.data import filters, formats, html, sections, textblocks
 from pretrain.data.splits import est_tokens
 
 Record = dict[str, Any]
@@ -46,10 +46,10 @@ def as_read(record: Record, cfg: DataConfig) -> list[Record]:
 
 
 def size_of(doc: Record) -> int:
-    """Estimated tokens of a document as read: an HTML page's visible text less its links (filters.sized_text),
+    """Estimated tokens of a document as read: an HTML page's visible text less its links (html.sized_text),
     else its text."""
     if doc.get("format") == "html":
-        return est_tokens(filters.sized_text(filters.parse_html(doc["text"])))
+        return est_tokens(html.sized_text(html.parse_html(doc["text"])))
     return est_tokens(doc["text"])
 
 

@@ -1,7 +1,7 @@
 """Documents in packaged formats as the Markdown-like text the rest of the data stage reads: PDF (its text layer),
 DOCX, ODT and EPUB.
 
-Every reader keeps the structure the format has, in the form HTML extraction writes too (filters.render_blocks) and
+Every reader keeps the structure the format has, in the form HTML extraction writes too (html.render_blocks) and
 the Q&A stage parses (pretrain/qa/structure.py): a heading as a "#" line ("## Installing" for a level-2 heading),
 paragraphs apart by a blank line, list items as "- item", table rows as "cell | cell", code between ``` fences.
 

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.data.filters import FENCE
-from pretrain.data.textblocks import MONOSPACE, Unreadable, heading
+from pretrain.data.textblocks import FENCE, MONOSPACE, Unreadable, heading
 from pretrain.data.words import has_cjk
 
 BULLET = re.compile(r"^\s*([•◦▪‣●○■□–—*-]|\(?\d{1,2}[.)]|\(?[a-z][.)])\s+")

@@ -210,7 +210,7 @@ def html_boundaries(html: str) -> tuple[list[str], list[Boundary], str]:
     """(the page's markup cut into pieces at every boundary, the boundaries, a <head> for the later pieces)."""
     import lxml.html
 
-    from pretrain.data.filters import parse_html, sized_text
+    from pretrain.data.html import parse_html, sized_text
 
     root = parse_html(html)
     body = root.find("body") if root is not None else None

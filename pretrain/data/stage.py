@@ -44,7 +44,7 @@ from forge import ForgeError
 from forge.config import ForgeConfig
 from forge.lineage import Stage, run_stage
 from forge.progress import progress
-from pretrain.data import calibrate, dedup, filters, ingest, report, splits
+from pretrain.data import calibrate, dedup, drops, filters, ingest, report, splits
 from pretrain.data.passes import batched, clean_batch, extract_batch, parallel_map, worker_count
 from pretrain.data.splits import SPLITS, split_of
 
@@ -172,7 +172,7 @@ def build(stage: Stage) -> dict[str, float]:
     work = out / ".work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    stats = report.Stats(filters.FILTERS, out / "removed.jsonl.zst")
+    stats = report.Stats(drops.FILTERS, out / "removed.jsonl.zst")
     try:
         with executor(cfg, work) as (mapper, find_pairs):
             extracted, sketch, plan = _extract(cfg, stage.cfg.seed, work, mapper, stats)

@@ -1,6 +1,6 @@
 """The Markdown-like text every document reader writes (formats.py, pdf.py), and how a reader says it cannot read.
 
-The same form HTML extraction writes (filters.render_blocks) and the Q&A stage parses (pretrain/qa/structure.py): a
+The same form HTML extraction writes (html.render_blocks) and the Q&A stage parses (pretrain/qa/structure.py): a
 heading as a "#" line, paragraphs apart by a blank line, list items as "- item", table rows as "cell | cell", code
 between ``` fences.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from pretrain.data.filters import FENCE
+FENCE = "```"  # the line that opens and closes a code block
 
 # Styles that mark code in word processors (Word's "HTML Preformatted", LibreOffice's "Preformatted Text", pandoc's
 # "Source Code") and the monospace fonts a code run is set in.

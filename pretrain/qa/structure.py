@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from pretrain.data.html import runs_and_blocks, utf8_parser
+
 HEADING_LEVELS = {f"h{i}": i for i in range(1, 7)}
 SKIPPED_TAGS = {
     "script", "style", "noscript", "svg", "form", "button", "select", "nav", "iframe", "object", "template", "head",
@@ -82,7 +84,7 @@ def parse_html(markup: str) -> Page:
 
     try:
         # bytes: lxml refuses a str that carries its own encoding declaration
-        root = lxml.html.fromstring(markup.encode("utf-8", "surrogatepass"))
+        root = lxml.html.fromstring(markup.encode("utf-8", "surrogatepass"), parser=utf8_parser())
     except (etree.ParserError, ValueError):
         return Page("", [])
     title = " ".join((root.findtext(".//title") or "").split())
@@ -97,20 +99,26 @@ def _tag(el) -> str | None:
 
 
 def _inline_text(el) -> str:
-    if _tag(el) == "br":
+    tag = _tag(el)
+    if tag == "br":
         return "\n"
-    if _tag(el) in SKIPPED_TAGS:
+    if tag is None or tag in SKIPPED_TAGS:  # a comment's text is not the page's
         return ""
     parts = [el.text or ""]
     for child in el:
-        if _tag(child) is not None:
-            parts.append(_inline_text(child))
-        parts.append(child.tail or "")
+        parts += [_inline_text(child), child.tail or ""]
     return "".join(parts)
 
 
+def _is_block(el) -> bool:
+    """Every element that is not inline markup (comments are neither)."""
+    tag = _tag(el)
+    return tag is not None and tag not in INLINE_TAGS
+
+
 class _HtmlWalker:
-    """Document-order walk: inline runs become prose, block elements their own blocks, headings open sections."""
+    """Document-order walk (pretrain/data/html.py runs_and_blocks, as the data stage renders trafilatura's tree):
+    inline runs become prose, block elements their own blocks, headings open sections."""
 
     def __init__(self) -> None:
         self.sections = [Section("", 0)]
@@ -121,22 +129,11 @@ class _HtmlWalker:
             (self.sink if self.sink is not None else self.sections[-1].blocks).append(block)
 
     def walk(self, el) -> None:
-        run: list[str] = [el.text or ""]
-        for child in el:
-            tag = _tag(child)
-            if tag in INLINE_TAGS:
-                run.append(_inline_text(child))
-            elif tag is not None:
-                self.flush(run)
-                run = []
-                self.block(child, tag)
-            run.append(child.tail or "")
-        self.flush(run)
-
-    def flush(self, run: list[str]) -> None:
-        text = "".join(run).strip()
-        if text:
-            self.emit(Block("prose", text))
+        for part in runs_and_blocks(el, _is_block, _inline_text):
+            if isinstance(part, str):
+                self.emit(Block("prose", part.strip()))  # emit drops an empty run
+            else:
+                self.block(part, _tag(part))
 
     def block(self, el, tag: str) -> None:
         if tag in SKIPPED_TAGS:
