@@ -5,12 +5,13 @@
          -> forge serve + forge chat   (--no-serve stops after the card)
 
 The list is PIPELINE in forge/stages.py; evidence runs twice (on the settings alone, then with the held-out pairs
-and test text counted) to check that eval will give every gate rule enough items. Each stage skips itself when its
-inputs and config are unchanged, and pretrain resumes an interrupted attempt from its newest checkpoint, so
-re-running after a failure or a kill picks up where the run stopped. A failed stage or a refused gate stops the
-pipeline: the report card is still written (what ran, and why it stopped), the reason is the last line printed, and
-the exit code is non-zero. Only a refusal (GateRefused) reads "refused by the gate": an MLflow that fails during
-promote is a failed stage, reported with MLflow's error and the tracking URI.
+and test text counted) to check that eval will give every gate rule enough items. Each stage skips itself when the
+settings it reads, its inputs and its code are unchanged (forge/lineage.py), and pretrain resumes an interrupted
+attempt from its newest checkpoint, so re-running after a failure or a kill picks up where the run stopped. A
+failed stage or a refused gate stops the pipeline: the report card is still written (what ran, and why it
+stopped), the reason is the last line printed, and the exit code is non-zero. Only a refusal (GateRefused) reads
+"refused by the gate": an MLflow that fails during promote is a failed stage, reported with MLflow's error and the
+tracking URI.
 """
 
 from __future__ import annotations
