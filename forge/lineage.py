@@ -91,6 +91,10 @@ class Stage:
     # manifest; the registry uploads the model a version needs.
     artifact_exclude: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if (self.spec or self.name) not in STAGES:
+            raise ValueError(f"stage {self.spec or self.name!r} is not in forge.stages.STAGES: pass spec=<its entry>")
+
     @property
     def sections(self) -> tuple[str, ...]:
         return STAGES[self.spec or self.name].settings

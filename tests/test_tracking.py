@@ -35,7 +35,7 @@ def test_stage_logs_to_the_embedded_store_by_default(isolated_runs):
     from mlflow import MlflowClient
 
     cfg = load_config(None, ["run_name=embedded"])
-    manifest = run_stage(Stage("toy", cfg, ("data",)), toy_body)
+    manifest = run_stage(Stage("toy", cfg, spec="data"), toy_body)
     assert (isolated_runs / "mlflow.db").is_file()
     client = MlflowClient(f"sqlite:///{(isolated_runs / 'mlflow.db').resolve()}")
     run = client.get_run(manifest["mlflow_run_id"])
@@ -53,8 +53,8 @@ def test_stage_logs_to_a_real_mlflow_server(mlflow_server, monkeypatch):
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     cfg = load_config(None, ["run_name=served"])
-    first = run_stage(Stage("first", cfg, ("data",)), toy_body)
-    second = run_stage(Stage("second", cfg, ("train",)), toy_body)
+    first = run_stage(Stage("first", cfg, spec="data"), toy_body)
+    second = run_stage(Stage("second", cfg, spec="pretrain"), toy_body)
 
     client = MlflowClient(mlflow_server)
     run = client.get_run(first["mlflow_run_id"])
