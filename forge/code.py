@@ -33,11 +33,11 @@ def module_file(module: str, root: Path = ROOT) -> Path | None:
     return None
 
 
-def imported_modules(path: Path, module: str) -> set[str]:
-    """Every module name the source at `path` imports, anywhere in it (function-level imports included)."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+def imported_modules(tree: ast.Module, module: str, is_package: bool) -> set[str]:
+    """Every module name a module's syntax tree imports, anywhere in it (function-level imports included)."""
+    package = module if is_package else module.rpartition(".")[0]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -52,25 +52,30 @@ def imported_modules(path: Path, module: str) -> set[str]:
     return names | {name.rsplit(".", depth)[0] for name in names for depth in range(1, name.count(".") + 1)}
 
 
-def code_closure(module: str, root: Path = ROOT) -> dict[str, Path]:
-    """The project modules `module` runs: itself and everything it imports, transitively, by module name."""
-    found: dict[str, Path] = {}
+def parsed_closure(module: str, root: Path = ROOT) -> dict[str, tuple[Path, ast.Module]]:
+    """The project modules `module` runs, each parsed once: itself and everything it imports, transitively."""
+    found: dict[str, tuple[Path, ast.Module]] = {}
     todo = [module]
     while todo:
         name = todo.pop()
         path = module_file(name, root)
         if name in found or path is None:
             continue
-        found[name] = path
-        todo.extend(imported_modules(path, name))
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+        found[name] = (path, tree)
+        todo.extend(imported_modules(tree, name, path.name == "__init__.py"))
     return dict(sorted(found.items()))
+
+
+def code_closure(module: str, root: Path = ROOT) -> dict[str, Path]:
+    """The source files of the project modules `module` runs, by module name."""
+    return {name: path for name, (path, _) in parsed_closure(module, root).items()}
 
 
 @functools.cache
 def code_fingerprint(module: str, root: Path = ROOT) -> str:
     """sha256 of the syntax trees of the modules `module` runs (comments and layout do not count)."""
     digest = hashlib.sha256()
-    for name, path in code_closure(module, root).items():
-        tree = ast.dump(ast.parse(path.read_bytes(), filename=str(path)))
-        digest.update(f"{name}\0{tree}\0".encode())
+    for name, (_, tree) in parsed_closure(module, root).items():
+        digest.update(f"{name}\0{ast.dump(tree)}\0".encode())
     return digest.hexdigest()

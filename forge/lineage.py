@@ -33,7 +33,7 @@ from forge.config import ForgeConfig
 from forge.hashing import hash_inputs, sha256_file
 from forge.io import atomic_write_json, atomic_write_text, utc_now
 from forge.paths import run_dir
-from forge.stages import STAGES
+from forge.stages import STAGES, StageSpec
 
 log = logging.getLogger("forge")
 
@@ -96,8 +96,13 @@ class Stage:
             raise ValueError(f"stage {self.spec or self.name!r} is not in forge.stages.STAGES: pass spec=<its entry>")
 
     @property
+    def entry(self) -> StageSpec:
+        """Its entry in forge.stages.STAGES: the settings it reads, the module its code starts in."""
+        return STAGES[self.spec or self.name]
+
+    @property
     def sections(self) -> tuple[str, ...]:
-        return STAGES[self.spec or self.name].settings
+        return self.entry.settings
 
     @property
     def dir(self) -> Path:
@@ -115,12 +120,16 @@ class Stage:
         return {
             "config_hash": self.cfg.section_hash(*self.sections),
             "inputs": hash_inputs(self.inputs),
-            "code": code_fingerprint(STAGES[self.spec or self.name].module),
+            "code": code_fingerprint(self.entry.module),
         }
 
+    def changed(self, key: dict[str, Any]) -> list[str] | None:
+        """What changed since the complete manifest ("settings", "inputs", "code"); None when there is none."""
+        old = completed_manifest(self.dir)
+        return None if old is None else [KEY_NAMES[k] for k in key if old.get(k) != key[k]]
+
     def up_to_date(self, key: dict[str, Any]) -> bool:
-        old = self.read_manifest()
-        return bool(old and old.get("status") == "complete" and all(old.get(k) == v for k, v in key.items()))
+        return self.changed(key) == []
 
     def output_hashes(self) -> dict[str, str]:
         return {
@@ -190,13 +199,13 @@ def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], fo
     Returns the manifest. A failing body leaves a manifest with status "failed" and the error, then re-raises.
     """
     key = stage.skip_key()
-    if not force and stage.up_to_date(key):
+    changed = None if force else stage.changed(key)
+    if changed == []:
         log.info("%s: up to date, skipped (its inputs, settings and code unchanged; --force re-runs it)", stage.name)
         done = stage.read_manifest()
-        assert done is not None  # up_to_date() just read it
+        assert done is not None  # changed() just read it complete
         return done
-    if (old := completed_manifest(stage.dir)) is not None and not force:
-        changed = [KEY_NAMES[k] for k in key if old.get(k) != key[k]]
+    if changed:
         log.info("%s: re-running, its %s changed since the last run", stage.name, " and ".join(changed))
 
     stage.dir.mkdir(parents=True, exist_ok=True)
