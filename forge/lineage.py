@@ -21,7 +21,7 @@ import logging
 import platform
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -94,6 +94,21 @@ class Stage:
     def __post_init__(self) -> None:
         if (self.spec or self.name) not in STAGES:
             raise ValueError(f"stage {self.spec or self.name!r} is not in forge.stages.STAGES: pass spec=<its entry>")
+        undeclared = sorted(self.undeclared_inputs())
+        if undeclared:  # a bug in the stage, not in the user's run: its skip key would hash outputs it does not declare
+            raise ValueError(
+                f"stage {self.name!r} takes inputs from {', '.join(undeclared)} without declaring them: add them to "
+                f"STAGES[{self.entry.name!r}].reads in forge/stages.py"
+            )
+
+    def undeclared_inputs(self) -> set[str]:
+        """The stages of this run whose directories hold an input of this stage but that its entry does not read."""
+        run = run_dir(self.cfg).resolve()
+        producers = set()
+        for value in self.inputs.values():
+            if isinstance(value, Path) and value.resolve().is_relative_to(run) and value.resolve() != run:
+                producers.add(stage_of(value.resolve().relative_to(run).parts[0]))
+        return producers - {self.entry.name, *self.entry.reads}
 
     @property
     def entry(self) -> StageSpec:
@@ -155,17 +170,45 @@ def completed_manifest(stage_dir: Path) -> dict[str, Any] | None:
     return manifest if manifest and manifest.get("status") == "complete" else None
 
 
-def require_completed(cfg: ForgeConfig, stage: str) -> Path:
-    """The directory of a completed stage of this run, or a ForgeError saying which command to run first."""
-    stage_dir = run_dir(cfg) / stage
-    if completed_manifest(stage_dir) is None:
-        manifest = read_manifest(stage_dir)
-        state = "has not run" if manifest is None else f"is {manifest.get('status')!r}"
+def stage_of(directory: str) -> str:
+    """The entry of forge.stages.STAGES that writes run directory `directory` (eval-sft -> eval)."""
+    return next((name for name, spec in STAGES.items() if directory in (name, *spec.dirs)), directory)
+
+
+def require_reads(cfg: ForgeConfig, stage: str, needs: Iterable[str]) -> dict[str, Path]:
+    """The one check of a stage's inputs, before it writes anything: every directory in `needs` (the outputs of
+    STAGES[stage].reads this run needs; its settings and options decide which) holds a complete stage of this run.
+
+    Returns directory name -> path. Raises one ForgeError naming every missing stage and the commands that make
+    them, in pipeline order; a directory of a stage that `stage` does not declare is a bug (ValueError).
+    """
+    undeclared = [d for d in needs if stage_of(d) not in STAGES[stage].reads]
+    if undeclared:
+        raise ValueError(f"{stage} needs {undeclared}: add them to STAGES[{stage!r}].reads in forge/stages.py")
+    dirs = {d: run_dir(cfg) / d for d in needs}
+    missing = {d: state for d, path in dirs.items() if (state := _incomplete(path))}
+    if missing:
+        what = "; ".join(f"{d} {state} ({dirs[d]})" for d, state in missing.items())
+        commands = ", then ".join(f"`{_command(d)}`" for d in missing)
         raise ForgeError(
-            f"the {stage} stage of run {cfg.run_name!r} {state} ({stage_dir}); run `forge {stage}` with the same "
-            "--config first"
+            f"forge {stage} reads what earlier stages of run {cfg.run_name!r} write: {what}; run {commands} with "
+            "the same --config first"
         )
-    return stage_dir
+    return dirs
+
+
+def _incomplete(stage_dir: Path) -> str | None:
+    """Why the stage in `stage_dir` is not complete ("has not run", "is 'failed'"), or None when it is."""
+    manifest = read_manifest(stage_dir)
+    if manifest is None:
+        return "has not run"
+    return None if manifest.get("status") == "complete" else f"is {manifest.get('status')!r}"
+
+
+def _command(directory: str) -> str:
+    stage = stage_of(directory)
+    target = directory.removeprefix(f"{stage}-")
+    return f"forge {stage}" + (f" --target {target}" if target != directory else "")
 
 
 KEY_NAMES = {"config_hash": "settings", "inputs": "inputs", "code": "code"}
@@ -191,14 +234,19 @@ def candidate_model(cfg: ForgeConfig, target: str = "auto") -> tuple[str, Path]:
     )
 
 
-def run_stage(stage: Stage, body: Callable[[Stage], dict[str, float] | None], force: bool = False) -> dict[str, Any]:
+def run_stage(
+    stage: Stage, body: Callable[[Stage], dict[str, float] | None], force: bool = False,
+    key: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Run `body(stage)` unless the stage is up to date; record the manifest and track it in MLflow.
+
+    `key` is the stage's skip_key() when the caller computed it already (hashing its inputs reads them whole).
 
     The body writes its outputs into `stage.dir` and returns headline metrics (it may also fill `stage.metrics`);
     `stage.tracker` is its MLflow StageTracker, for metrics logged while it runs (per-step training curves).
     Returns the manifest. A failing body leaves a manifest with status "failed" and the error, then re-raises.
     """
-    key = stage.skip_key()
+    key = key or stage.skip_key()
     changed = None if force else stage.changed(key)
     if changed == []:
         log.info("%s: up to date, skipped (its inputs, settings and code unchanged; --force re-runs it)", stage.name)

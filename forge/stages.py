@@ -9,7 +9,10 @@ when the verb runs (which also keeps `forge --help` fast).
     settings the config it reads: whole sections ("data") or single fields ("sft.system_prompt"). With the code it
              runs (forge.code) and its inputs' hashes, they are its skip key: change any and the stage re-runs,
              change another section and it is skipped. tests/test_stage_reads.py checks the list against the code.
-    reads    the stages whose outputs it reads (their directories must hold a complete manifest)
+    reads    the stages whose outputs it may read. Before it writes anything, a stage names those this run needs
+             (its settings and options decide: eval --target pretrain needs no sft, qa from your own JSONL no data)
+             to forge.lineage.require_reads, the one place that checks they completed; an input under the
+             directory of a stage it does not declare is refused when its forge.lineage.Stage is built.
     files    named outputs other stages and the report card read, relative to the run directory
     calls    other functions of the stage's package a verb needs (promote's decision table, registry history)
 """
@@ -61,6 +64,7 @@ STAGES: dict[str, StageSpec] = {
     for spec in [
         StageSpec("plan", "pretrain.plan:run", "parameters, token budget, memory per GPU, OOM verdict and time",
                   dirs=("plan",), settings=("plan", "model", "train", "tokenizer"),
+                  reads=("tokenizer", "pretrain"),  # when they have run: the corpus size and the measured MFU
                   files={"plan": "plan/plan.json"}),
         StageSpec("evidence", "evaluation.evidence:check_run",
                   "check that eval will give every gate rule its min_items, and what eval and SFT will cost",
@@ -82,18 +86,19 @@ STAGES: dict[str, StageSpec] = {
                   files={"plot": "pretrain/loss_curves.png"}),
         StageSpec("eval", "evaluation.stage:run", "bits per byte, domain tasks and red flags for a model",
                   dirs=("eval-pretrain", "eval-sft"), settings=("eval", "sft.system_prompt", "model.init_from"),
-                  reads=("data", "qa", "tokenizer", "pretrain", "sft"),
+                  reads=("data", "qa", "pretrain", "sft", "quantize"),  # quantize: a GGUF --target
                   files={"pretrain": "eval-pretrain/eval.json", "sft": "eval-sft/eval.json",
                          "plot": "eval-pretrain/plots/val_ppl.png"}),
         StageSpec("sft", "finetune.sft:run", "supervised fine-tuning with TRL on domain Q&A (full, LoRA, QLoRA)",
                   dirs=("sft",), settings=("sft",), reads=("pretrain", "qa")),
         StageSpec("quantize", "serve.quantize:run",
                   "GGUF f16/Q8_0/Q4_K_M and bitsandbytes 8/4-bit, with quality drift",
-                  dirs=("quantize",), settings=("quantize",), reads=("pretrain", "sft"),
+                  dirs=("quantize",), settings=("quantize",), reads=("pretrain", "sft", "tokenizer"),
                   files={"report": "quantize/quantize.json"}),
         StageSpec("register", "registry.register:run",
                   "register the candidate in the MLflow model registry with its evidence",
-                  dirs=("register",), settings=("registry",), reads=("eval", "quantize"),
+                  dirs=("register",), settings=("registry",),
+                  reads=("pretrain", "sft", "eval", "quantize", "data", "tokenizer"),  # model, evidence, lineage
                   files={"version": "register/version.json"}),
         StageSpec("promote", "registry.promote:promote_run", "move the production alias if the gate passes",
                   reads=("register",), files={"decision": "promote/decision.json"},

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from forge import ForgeError
 from forge.io import remove_path
 from pretrain import checkpoint as ckpt
 from pretrain.metrics import CURVES, METRICS, keep_records_until
@@ -38,7 +39,25 @@ def resumable_checkpoint(t: Trainer) -> Path | None:
     if (state["config_hash"], state["inputs"]) != (t.key["config_hash"], t.key["inputs"]):
         log.warning("pretrain: the checkpoints in %s are from another config or input; starting over", t.ckpt_root)
         return None
+    refuse_another_world_size(t, found[-1][1], state.get("world_size"))
     return found[-1][1]
+
+
+def refuse_another_world_size(t: Trainer, path: Path, written_by: int | None) -> None:
+    """A checkpoint resumes only on the number of processes that wrote it: on another, each step would train on
+    another global batch (micro_batch_size x grad_accum_steps x processes) and the data position would no longer
+    be where the run stopped. Refused with the numbers, before anything is loaded."""
+    world = t.accelerator.num_processes
+    if written_by is None or written_by == world:
+        return
+    per_process = t.tcfg.micro_batch_size * t.tcfg.grad_accum_steps
+    raise ForgeError(
+        f"pretrain: {path} was written by {written_by} process(es), a global batch of {written_by * per_process} "
+        f"sequences ({written_by} x train.micro_batch_size {t.tcfg.micro_batch_size} x train.grad_accum_steps "
+        f"{t.tcfg.grad_accum_steps}); resumed on {world} it would train on {world * per_process} a step. Resume it "
+        f"on {written_by} process(es) (accelerate launch / torchrun --nproc-per-node x --nnodes = {written_by}), or "
+        "start over with --force"
+    )
 
 
 def load_checkpoint(t: Trainer, path: Path) -> None:
@@ -52,8 +71,6 @@ def load_checkpoint(t: Trainer, path: Path) -> None:
     t.val_rise.load_state_dict(state["val_rise"])
     t.spikes.load_state_dict(state["spikes"])
     t.step, t.tokens_seen, t.best, t.last_ckpt = state["step"], state["tokens_seen"], state["best"], path.name
-    if (world := t.accelerator.num_processes) != state.get("world_size"):
-        log.warning("pretrain: checkpoint written by %s process(es), resumed on %d", state.get("world_size"), world)
     if t.main:
         ckpt.clean_partial(t.ckpt_root)
         keep_records_until(t.stage.dir / METRICS, t.step)

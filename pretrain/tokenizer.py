@@ -25,6 +25,7 @@ assistant role token. No newlines or spaces are added:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import tempfile
@@ -41,7 +42,8 @@ from forge import ForgeError
 from forge.config import ForgeConfig, TokenizerConfig
 from forge.hashing import sha256_file
 from forge.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from forge.lineage import Stage, require_completed, run_stage
+from forge.lineage import Stage, require_reads, run_stage
+from forge.paths import run_dir
 from forge.progress import progress
 from pretrain.data.splits import SPLITS
 from pretrain.token_shards import iter_text_batches, load_split, write_shards
@@ -109,8 +111,8 @@ def check_config(tcfg: TokenizerConfig) -> None:
 
 
 def data_shards(cfg: ForgeConfig) -> dict[str, list[Path]]:
-    """The data stage's parquet shards per split, after checking that the data stage completed."""
-    data_dir = require_completed(cfg, "data")
+    """The data stage's parquet shards per split (the reading stage checked that it completed: require_reads)."""
+    data_dir = run_dir(cfg) / "data"
     shards = {split: sorted(data_dir.glob(f"{split}-*.parquet")) for split in SPLITS}
     missing = [split for split, files in shards.items() if not files]
     if missing:
@@ -125,26 +127,41 @@ def shard_listing(files: list[Path]) -> str:
     return "\n".join(f"{f.name} {sha256_file(f)}" for f in files)
 
 
-def train_texts(shards: list[Path], max_docs: int | None, desc: str = "tokenizer: read train") -> Iterator[list[str]]:
-    """The train split in batches, capped at `max_docs` documents; forge.progress counts them as `desc` (a bar on
-    a terminal, else a log line every 30 seconds)."""
-    total = doc_count(shards) if max_docs is None else min(max_docs, doc_count(shards))
-    left = max_docs
-    with progress(total=total, desc=desc, unit="doc", logger=log) as bar:
+def train_texts(shards: list[Path], sample_bytes: int | None, desc: str = "tokenizer: read train"
+                ) -> Iterator[list[str]]:  # fmt: skip
+    """The train split in batches, sampled to about `sample_bytes` of text (tokenizer.train_sample_bytes);
+    forge.progress counts the documents read as `desc` (a bar on a terminal, else a log line every 30 seconds)."""
+    total = text_bytes(shards)
+    share = 1.0 if sample_bytes is None else min(1.0, sample_bytes / max(1, total))
+    if share < 1.0:
+        log.info("%s: a %.1f%% sample of train (tokenizer.train_sample_bytes=%d of its %d bytes)", desc,
+                 100 * share, sample_bytes, total)  # fmt: skip
+    with progress(total=doc_count(shards), desc=desc, unit="doc", logger=log) as bar:
         for batch in iter_text_batches(shards):
-            if left is not None:
-                batch = batch[:left]
-                left -= len(batch)
-            if batch:
-                yield batch
-                bar.update(len(batch))
-            if left is not None and left <= 0:
-                return
+            bar.update(len(batch))
+            kept = batch if share >= 1.0 else [text for text in batch if in_sample(text, share)]
+            if kept:
+                yield kept
+
+
+def in_sample(text: str, share: float) -> bool:
+    """Whether a document is in a sample of `share` of the corpus: by a hash of its text, so the same document is
+    in it whatever file or position it comes in."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < share * 2**64
 
 
 def doc_count(shards: list[Path]) -> int:
     """The documents in parquet shards, from their footers (no text read)."""
     return sum(pq.ParquetFile(f).metadata.num_rows for f in shards)
+
+
+def text_bytes(shards: list[Path]) -> int:
+    """The UTF-8 bytes of the documents in parquet shards, counted in Arrow (no Python strings). Exact, not the
+    footers' sizes: those depend on the order of the documents, and the sample must not."""
+    import pyarrow.compute as pc
+
+    return sum(pc.sum(pc.binary_length(pq.read_table(f, columns=["text"])["text"])).as_py() or 0 for f in shards)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -169,7 +186,7 @@ def check_corpus_capacity(shards: list[Path], tcfg: TokenizerConfig) -> None:
     splitter = pre_tokenizer()
     words: set[str] = set()
     bound = docs = 0
-    for batch in train_texts(shards, tcfg.max_train_docs, "tokenizer: vocabulary bound"):
+    for batch in train_texts(shards, tcfg.train_sample_bytes, "tokenizer: vocabulary bound"):
         for text in batch:
             docs += 1
             for word, _ in splitter.pre_tokenize_str(text):
@@ -188,7 +205,7 @@ def check_corpus_capacity(shards: list[Path], tcfg: TokenizerConfig) -> None:
 
 def train_tokenizer(shards: list[Path], tcfg: TokenizerConfig) -> Tokenizer:
     """Train the byte-level BPE on the train shards, streaming, and check it reached the requested size."""
-    return train_bpe(train_texts(shards, tcfg.max_train_docs), tcfg)
+    return train_bpe(train_texts(shards, tcfg.train_sample_bytes), tcfg)
 
 
 def train_bpe(texts: Iterable[str] | Iterable[list[str]], tcfg: TokenizerConfig) -> Tokenizer:
@@ -323,7 +340,8 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     With model.init_from, the base model's own tokenizer instead (see `run_base`)."""
     if cfg.model.init_from is not None:
         return run_base(cfg, force)
-    check_config(cfg.tokenizer)
+    check_config(cfg.tokenizer)  # first: a config error is reported before missing inputs
+    require_reads(cfg, "tokenizer", ["data"])
     shards = data_shards(cfg)
     check_corpus_capacity(shards["train"], cfg.tokenizer)  # cheap: stops once the bound covers the vocabulary
     stage = Stage(
@@ -341,6 +359,7 @@ def run_base(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     from models.base import open_base
 
     base = open_base(cfg.model.init_from)
+    require_reads(cfg, "tokenizer", ["data"])
     shards = data_shards(cfg)
     stage = Stage(
         name="tokenizer",

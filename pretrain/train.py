@@ -50,8 +50,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from forge import ForgeError
 from forge.config import ForgeConfig, TrainConfig
-from forge.lineage import Stage, read_manifest, run_stage
-from forge.paths import run_dir
+from forge.lineage import Stage, read_manifest, require_reads, run_stage
 from forge.progress import progress
 from models import TOKENIZER_FILES
 from pretrain.hardware import local_hardware, resolve_precision
@@ -74,9 +73,9 @@ log = logging.getLogger("forge.pretrain")
 
 def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     """Pretrain `cfg.model` on the tokenizer stage's shards; resume an incomplete attempt; export the best model."""
-    tok_dir = run_dir(cfg) / "tokenizer"
-    check_tokenizer_stage(tok_dir)
     accelerator = make_accelerator(cfg.train)  # first: every process must take the same decisions below
+    tok_dir = require_reads(cfg, "pretrain", ["tokenizer"])["tokenizer"]
+    check_tokenizer_stage(tok_dir)
     stage = Stage(
         name="pretrain",
         cfg=cfg,
@@ -87,7 +86,7 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
         },
         artifact_exclude=("checkpoints/*",),  # resumable state stays on disk; the exported model/ is uploaded
     )
-    key = stage.skip_key()
+    key = skip_key_once(stage, accelerator)
     previous = stage.read_manifest()
     skip = not force and stage.up_to_date(key)
     resume = not force and previous is not None and previous.get("status") != "complete"
@@ -97,7 +96,7 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
         return {**log_training_budget(cfg, tok_dir), **train(s, accelerator, key, resume=resume)}
 
     if accelerator.is_main_process:
-        manifest = run_stage(stage, body, force=force)
+        manifest = run_stage(stage, body, force=force, key=key)
     elif skip:
         manifest = previous or {}
     else:
@@ -105,6 +104,17 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
         manifest = {}
     accelerator.wait_for_everyone()
     return manifest if accelerator.is_main_process else (read_manifest(stage.dir) or manifest)
+
+
+def skip_key_once(stage: Stage, accelerator: Any) -> dict[str, Any]:
+    """The stage's skip key, hashed by the main process alone and sent to the others: hashing reads every token
+    shard (16 processes x 20 GB would be 320 GB of reads at every start)."""
+    from accelerate.utils import broadcast_object_list
+
+    box = [stage.skip_key() if accelerator.is_main_process else None]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(box)
+    return box[0]
 
 
 def log_training_budget(cfg: ForgeConfig, tok_dir: Path) -> dict[str, float]:
@@ -125,9 +135,6 @@ def log_training_budget(cfg: ForgeConfig, tok_dir: Path) -> dict[str, float]:
 
 
 def check_tokenizer_stage(tok_dir: Path) -> None:
-    manifest = read_manifest(tok_dir)
-    if manifest is not None and manifest.get("status") != "complete":
-        raise ForgeError(f"the tokenizer stage in {tok_dir} is {manifest.get('status')}: re-run forge tokenizer")
     missing = [name for name in ("tokenizer.json", "shards/meta.json") if not (tok_dir / name).is_file()]
     if missing:
         raise ForgeError(f"{tok_dir} has no {' or '.join(missing)}: run `forge tokenizer` first")

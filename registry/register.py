@@ -23,7 +23,7 @@ from evaluation.text import split_id
 from forge.config import ForgeConfig
 from forge.hashing import sha256_file, sha256_tree
 from forge.io import atomic_write_json, read_json_object
-from forge.lineage import Stage, candidate_model, completed_manifest, git_commit, run_stage
+from forge.lineage import Stage, candidate_model, completed_manifest, git_commit, require_reads, run_stage
 from forge.paths import run_dir
 from forge.tracking import tracking_uri
 from models import TOKENIZER_FILES
@@ -55,6 +55,7 @@ def candidate_sources(cfg: ForgeConfig) -> Sources:
 def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     """Register the run's candidate as a new version of `registry.model_name`, carrying its evidence."""
     src = candidate_sources(cfg)
+    require_reads(cfg, "register", [src.target])  # eval and quantize are evidence: without them, only a warning
     # The registry itself is an input: the same candidate registered on another server is a new version there.
     inputs: dict[str, Path | str] = {"model": src.model, "registry": f"{tracking_uri(cfg)}#{cfg.registry.model_name}"}
     evidence = [("eval", src.eval_dir / "eval.json"), ("quantize", src.quantize_dir)]

@@ -182,7 +182,8 @@ def test_stage_reports_fidelity_and_cost(isolated_runs, tmp_path):
     model_dir = make_model_dir(run_path / "pretrain" / "model", "llama", tok_dir, initializer_range=0.02)
     loss = _train_briefly(model_dir, shards, steps=80)
     assert loss < 4.5  # it learned something (uniform over ~640 tokens: 6.5)
-    (run_path / "pretrain" / "manifest.json").write_text(json.dumps({"status": "complete"}))
+    for stage in ("pretrain", "tokenizer"):
+        (run_path / stage / "manifest.json").write_text(json.dumps({"status": "complete"}))
 
     cfg = ForgeConfig(
         run_name="qt",

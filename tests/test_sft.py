@@ -246,16 +246,17 @@ def test_cli_without_a_base_model_is_one_line(tmp_path):
     forge = [sys.executable, "-c", "from forge.cli import main; main()"]
     out = subprocess.run([*forge, "sft", "--config", "configs/tiny-cpu.yaml"], capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "Traceback" not in out.stderr
+    run = tmp_path / "runs" / "tiny-cpu"
     assert out.stderr.strip().splitlines() == [
-        f"error: no base model at {tmp_path / 'runs' / 'tiny-cpu' / 'pretrain' / 'model'} (config.json missing); "
-        "run `forge pretrain` with the same --config first, or set sft.base_model"
+        f"error: forge sft reads what earlier stages of run 'tiny-cpu' write: qa has not run ({run / 'qa'}); pretrain "
+        f"has not run ({run / 'pretrain'}); run `forge qa`, then `forge pretrain` with the same --config first"
     ]
 
 
 def test_stage_errors_are_one_line(tiny_base, tmp_path):
-    with pytest.raises(ForgeError, match="no base model"):
+    with pytest.raises(ForgeError, match="pretrain has not run"):
         sft.run(ForgeConfig(run_name="t"))
-    with pytest.raises(ForgeError, match=r"the qa stage of run 't' has not run .*run `forge qa`"):
+    with pytest.raises(ForgeError, match=r"qa has not run .*; run `forge qa`"):
         sft.run(_cfg(tiny_base))
     bad = _write(tmp_path / "bad.jsonl", ["[1, 2]", '{"question": "x"}'])
     with pytest.raises(ForgeError, match=r"bad\.jsonl: no valid example in 2 line\(s\) \(line 1: .*; line 2: "):

@@ -178,16 +178,24 @@ def test_a_special_token_that_is_also_a_corpus_word_is_an_error(isolated_runs):
         stage.run(config("word", "tokenizer.special_tokens=['[PAD]', '[UNK]', '[BOS]', 'EOS']"))
 
 
-def test_max_train_docs_caps_what_the_trainer_sees(tmp_path):
-    from forge.config import TokenizerConfig
+def test_the_trainer_sees_a_hash_stable_sample_of_about_train_sample_bytes(tmp_path):
+    docs = english_docs(400, 1)
+    write_data_stage(tmp_path, "in-order", {"train": docs, "val": ["a"], "test": ["b"]})
+    write_data_stage(tmp_path, "reversed", {"train": docs[::-1], "val": ["a"], "test": ["b"]})
+    shards = {run: sorted((tmp_path / run / "data").glob("train-*.parquet")) for run in ("in-order", "reversed")}
+    assert len(shards["in-order"]) > 1  # the sample spans shards
+    whole = stage.text_bytes(shards["in-order"])
+    quarter = whole // 4  # below the config's floor: the function samples any share
+    sampled = {run: [t for batch in stage.train_texts(files, quarter) for t in batch] for run, files in shards.items()}
+    assert sorted(sampled["in-order"]) == sorted(sampled["reversed"])  # the same documents, whatever their order
+    assert 60 <= len(sampled["in-order"]) <= 140  # about a quarter of the 400 documents
+    every = [t for batch in stage.train_texts(shards["in-order"], None) for t in batch]
+    assert every == docs
 
-    late = ["qwzjx " * 200]  # only after the cap
-    write_data_stage(tmp_path, "cap", {"train": english_docs(200, 1) + late, "val": ["a"], "test": ["b"]})
-    shards = sorted((tmp_path / "cap" / "data").glob("train-*.parquet"))
-    assert len(shards) == 2  # the cap spans shards
-    capped = stage.train_tokenizer(shards, TokenizerConfig(vocab_size=500, max_train_docs=200))
-    full = stage.train_tokenizer(shards, TokenizerConfig(vocab_size=500))
-    assert len(capped.encode(" qwzjx").ids) > 1 and len(full.encode(" qwzjx").ids) == 1
+
+def test_the_old_document_cap_is_refused_naming_its_replacement():
+    with pytest.raises(ForgeError, match="tokenizer.max_train_docs.*replaced by tokenizer.train_sample_bytes"):
+        load_config(None, ["tokenizer.max_train_docs=100"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -338,7 +346,8 @@ def test_cli_without_the_data_stage_is_one_line_asking_for_forge_data(isolated_r
         [str(forge), "tokenizer", "--set", "run_name=cli"], capture_output=True, text=True, env=os.environ, timeout=120
     )
     assert out.returncode == 2, out.stderr
-    assert out.stderr.strip().startswith("error: the data stage of run 'cli' has not run")
+    assert out.stderr.strip().startswith("error: forge tokenizer reads what earlier stages of run 'cli' write: data")
+    assert "data has not run" in out.stderr
     assert "run `forge data`" in out.stderr and "Traceback" not in out.stderr
 
 

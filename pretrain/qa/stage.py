@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 from forge import ForgeError, render
 from forge.config import BUILTIN_CORPUS, ForgeConfig
 from forge.io import atomic_write_json, atomic_write_jsonl, atomic_write_text, read_json_object, read_jsonl
-from forge.lineage import Stage, completed_manifest, require_completed, run_stage
+from forge.lineage import Stage, completed_manifest, require_reads, run_stage
+from forge.paths import run_dir
 from forge.stages import STAGES
 from pretrain.qa import builtin, records
 from pretrain.qa.corpus import corpus_pairs
@@ -76,7 +77,7 @@ class QASet:
 def qa_set(cfg: ForgeConfig) -> QASet:
     """The run's Q&A set for sft and eval, after checking it is of the run's domain and built with this config."""
     refuse_wrong_domain(cfg, source_kind(cfg)[0])
-    stage_dir = require_completed(cfg, "qa")
+    stage_dir = run_dir(cfg) / "qa"  # the reading stage checked that it completed (forge.lineage.require_reads)
     manifest = completed_manifest(stage_dir) or {}
     kind = ((read_json_object(stage_dir / "report.json") or {}).get("source") or {}).get("kind")
     refuse_wrong_domain(cfg, kind)
@@ -99,7 +100,7 @@ def qa_set(cfg: ForgeConfig) -> QASet:
 def data_stage_id(cfg: ForgeConfig) -> str:
     """The data stage's identity for the skip key: its recorded input fingerprints and output sha256s (the pages
     are re-read from the inputs, so both matter)."""
-    manifest = completed_manifest(require_completed(cfg, "data")) or {}
+    manifest = completed_manifest(run_dir(cfg) / "data") or {}
     return json.dumps({"inputs": manifest.get("inputs"), "outputs": manifest.get("outputs")}, sort_keys=True)
 
 
@@ -116,7 +117,7 @@ def data_splits(cfg: ForgeConfig) -> dict[str, str]:
     """Document id -> the split the data stage gave it, for every document it read (kept or removed). A document cut
     into sections (`id#section`) is also listed under its own id, in the most held-out split of its sections: none
     of what it says may be trained on when part of it is evaluated."""
-    data_dir = require_completed(cfg, "data")
+    data_dir = run_dir(cfg) / "data"
     splits = {}
     for split, files in data_shards(cfg).items():
         for path in files:
@@ -178,6 +179,7 @@ def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     """Build qa_train.jsonl and qa_eval.jsonl from qa.source, with the report of what each kind gave."""
     kind, path = source_kind(cfg)
     refuse_wrong_domain(cfg, kind)
+    require_reads(cfg, "qa", [] if kind == "file" else ["data"])  # your own JSONL needs no data stage
     inputs: dict[str, Path | str] = {}
     if kind == "file":
         assert path is not None
