@@ -48,7 +48,17 @@ class TokenizerConfig(Section):
     # The system, user and assistant role tokens, in this order (the ids after special_tokens).
     chat_roles: list[str] = ["<|system|>", "<|user|>", "<|assistant|>"]
     max_tokens_per_word: float = 1.4  # above this the compression report warns
-    max_train_docs: int | None = None  # cap the docs the BPE trainer sees (None: all of train)
+    # The BPE trainer sees a sample of train of about this many bytes of text: each document is in it or not by a
+    # hash of its text, so the sample does not depend on the order or sharding of the files. Its memory grows with
+    # the distinct words it sees (the tokenizers trainer runs out of memory on tens of GB); a vocabulary of 8-64k
+    # tokens is settled by a few GB. None: all of train.
+    train_sample_bytes: int | None = Field(2_000_000_000, ge=1_000_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cap_replaced(cls, data: Any) -> Any:
+        why = "replaced by tokenizer.train_sample_bytes (a hash-stable sample of train, not its first documents)"
+        return refuse_gone(data, "tokenizer", {"max_train_docs": why})
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -93,6 +93,7 @@ def synthetic_tokenizer_dir(tmp_path_factory) -> Path:
         pq.write_table(pa.table({"text": docs}), path)
         parquet[split] = [path]
     write_shards(tok, parquet, out / "shards", {"pad": 0, "unk": 1, "bos": 2, "eos": 3})
+    (out / "manifest.json").write_text(json.dumps({"stage": "tokenizer", "status": "complete"}), encoding="utf-8")
     return out
 
 
@@ -299,14 +300,20 @@ def test_weight_decay_groups_exclude_norms_biases_and_embeddings(tiny_run):
 
 
 @pytest.mark.slow
-def test_pretrain_learns_checkpoints_exports_and_skips(tiny_run, isolated_runs):
+def test_pretrain_learns_checkpoints_exports_and_skips(tiny_run, isolated_runs, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from forge import lineage
     from pretrain.train import run
 
+    real = lineage.hash_inputs
+
     cfg = tiny_run("learn", "train.gradient_checkpointing=true")
+    hashed = []
+    monkeypatch.setattr(lineage, "hash_inputs", lambda inputs: hashed.append(sorted(inputs)) or real(inputs))
 
     manifest = run(cfg)
+    assert len(hashed) == 1, "the inputs (every token shard) are hashed once per start"
     out = isolated_runs / "learn" / "pretrain"
     m = manifest["metrics"]
     assert manifest["status"] == "complete" and m["steps"] == 40
@@ -432,6 +439,13 @@ def test_stage_rerun_after_failure_resumes_from_the_checkpoint(tiny_run, isolate
     before = losses(isolated_runs / "nan")
 
     monkeypatch.setattr(train_mod, "compute_loss", real)
+    # a checkpoint of two processes does not resume on one: the global batch would halve (refused with the numbers)
+    state_file = out / "checkpoints" / "step-0000020" / "state.json"
+    state = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({**state, "world_size": 2}))
+    with pytest.raises(ForgeError, match=r"written by 2 process\(es\), a global batch of 16 sequences .*train on 8"):
+        train_mod.run(cfg)
+    state_file.write_text(json.dumps(state))
     manifest = train_mod.run(cfg)
     assert manifest["status"] == "complete" and manifest["metrics"]["resumed_from_step"] == 20
     after = losses(isolated_runs / "nan")
@@ -468,5 +482,5 @@ def test_fp16_on_cpu_is_refused_with_the_fix(tiny_run):
 def test_missing_tokenizer_stage_names_the_fix(isolated_runs):
     from pretrain.train import run
 
-    with pytest.raises(ForgeError, match="run `forge tokenizer` first"):
+    with pytest.raises(ForgeError, match="tokenizer has not run .*run `forge tokenizer` with the same --config"):
         run(load_config(None, ["run_name=nothing"]))
