@@ -6,6 +6,14 @@
 Reports errors, p50/p95 latency (seconds) and generated tokens/s (completion tokens over the wall time).
 Refuses any host but loopback.
 
+    nice -n 10 .venv/bin/python bench/serve_load.py --hostile --seconds 60          # issue #40's probes + overload
+
+--hostile starts llama-server with the SmolLM2 GGUF (--gguf) behind serve.gateway (--parallel 4, --queue 16) and
+prints each probe's outcome (a foreign Origin, a wrong Host, a 20 MB body, JSON 100,000 deep, max_tokens 10^9, 100
+clients at once, the next request's first token after every slot's client hung up), then keeps --clients (2 x
+(parallel + queue)) clients asking back to back for --seconds, each waiting Retry-After on a 503, and prints the
+p50/p95 latency of the admitted requests and the share refused.
+
 --side-by-side builds one model (a random-init configs/125m.yaml, as bench/serve_cpu.py does; speed does not depend
 on the weights), quantizes it to Q4_K_M, starts the old server (llama-cpp-python's, one request at a time) and the
 new one (`forge serve`'s: llama-server with --parallel slots behind serve.gateway), and sends each the same 16
@@ -18,6 +26,7 @@ takes on that GGUF.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import statistics
@@ -159,6 +168,146 @@ def side_by_side(config: str, n: int, levels: list[int], max_tokens: int, parall
     return results
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# --hostile: the gateway's probes (issue #40) and a sustained overload, against `forge serve`'s own server
+
+
+SMOLLM2 = Path.home() / ".cache" / "forge" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def hostile(gguf: Path, seconds: float, parallel: int, queue: int, n_ctx: int, max_tokens: int, clients: int,
+            threads: int | None, json_path: Path | None) -> dict[str, Any]:  # fmt: skip
+    """Start llama-server behind serve.gateway (serve.parallel, serve.queue) on `gguf`, run every probe, then
+    `clients` clients asking back to back for `seconds` (each honouring Retry-After, as the openai client does)."""
+    import asyncio
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from forge.config import ServeConfig
+    from serve.backends import ServerProcess, gateway_command, llama_server_command
+
+    serve = ServeConfig(parallel=parallel, queue=queue, request_timeout_s=max(120.0, seconds))
+    port = _free_port()
+    server = llama_server_command(gguf, "bench", n_ctx, parallel, threads)
+    results: dict[str, Any] = {"gguf": gguf.name, "parallel": parallel, "queue": queue, "n_ctx": n_ctx,
+                               "max_tokens": max_tokens, "clients": clients, "seconds": seconds}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="forge-bench-hostile-") as tmp:
+        command = gateway_command(server, port, serve=serve, n_ctx=n_ctx)
+        with ServerProcess(command, port, "bench", log_path=Path(tmp) / "server.log", ready_timeout=300) as proc:
+            base = proc.base_url.removesuffix("/v1")
+            results["probes"] = asyncio.run(_probes(base, n_ctx, parallel))
+            for name, outcome in results["probes"].items():
+                print(f"{name:<34} {outcome}", flush=True)
+            results["overload"] = asyncio.run(_overload(base, seconds, clients, max_tokens))
+            results["overload"]["health_after"] = asyncio.run(_status(base, "GET", "/health"))
+    _print_overload(results["overload"])
+    if json_path:
+        json_path.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+async def _status(base: str, method: str, path: str, **kwargs: Any) -> int:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+        return (await client.request(method, path, **kwargs)).status_code
+
+
+def _chat(max_tokens: int, **fields: Any) -> dict[str, Any]:
+    return {"model": "bench", "messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": max_tokens,
+            **fields}  # fmt: skip
+
+
+async def _probes(base: str, n_ctx: int, parallel: int) -> dict[str, str]:
+    """Each probe's status (and its time where the issue asks for one)."""
+    import httpx
+
+    out: dict[str, str] = {}
+    evil = {"Origin": "http://evil.example"}
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=httpx.Limits(max_connections=None)) as client:
+        resp = await client.post("/v1/chat/completions", json=_chat(4), headers=evil)
+        out["foreign Origin, POST"] = f"{resp.status_code}, ACAO {resp.headers.get('access-control-allow-origin')}"
+        resp = await client.options("/v1/chat/completions", headers={**evil, "Access-Control-Request-Method": "POST"})
+        out["foreign Origin, preflight"] = f"{resp.status_code}, ACAO {resp.headers.get('access-control-allow-origin')}"
+        resp = await client.get("/v1/models", headers={"Host": "evil.example"})
+        out["wrong Host"] = str(resp.status_code)
+        start = time.perf_counter()
+        resp = await client.post("/v1/chat/completions", content=b'{"messages": "' + b"a" * 20_000_000 + b'"}')
+        out["20 MB body (sent whole)"] = f"{resp.status_code} in {time.perf_counter() - start:.3f}s"
+        start = time.perf_counter()
+        resp = await client.post("/v1/chat/completions", content=b"[" * 100_000 + b"]" * 100_000)
+        out["JSON nested 100,000 deep"] = f"{resp.status_code} in {time.perf_counter() - start:.3f}s"
+        resp = await client.post("/v1/chat/completions", json=_chat(10**9))
+        out["max_tokens 10^9"] = f"{resp.status_code} ({resp.json()['error']['message'][:60]}...)"
+        start = time.perf_counter()
+        answers = await asyncio.gather(*(client.post("/v1/chat/completions", json=_chat(8)) for _ in range(100)))
+        codes = sorted({r.status_code for r in answers})
+        counts = ", ".join(f"{c}: {sum(r.status_code == c for r in answers)}" for c in codes)
+        out["100 clients at once"] = f"{counts} in {time.perf_counter() - start:.1f}s"
+        out["hang-up frees the slots"] = await _hang_up(client, n_ctx, parallel)
+    return out
+
+
+async def _hang_up(client: Any, n_ctx: int, parallel: int) -> str:
+    """Fill every slot with a long stream, hang all of them up, and time the next request's first token (against
+    the same request's on the idle server: the difference is what the hang-up costs)."""
+    idle = await _first_token(client, time.perf_counter())
+    long = _chat(n_ctx - 64, ignore_eos=True, stream=True)
+    async with contextlib.AsyncExitStack() as streams:
+        for _ in range(parallel):
+            resp = await streams.enter_async_context(client.stream("POST", "/v1/chat/completions", json=long))
+            await resp.aiter_raw().__anext__()  # generating
+        hung_up = time.perf_counter()
+    after = await _first_token(client, hung_up)
+    return f"next request's first token {after:.2f}s after {parallel} clients hung up (idle server: {idle:.2f}s)"
+
+
+async def _first_token(client: Any, since: float) -> float:
+    async with client.stream("POST", "/v1/chat/completions", json=_chat(8, stream=True)) as resp:
+        async for line in resp.aiter_lines():
+            if '"content":"' in line:
+                return time.perf_counter() - since
+    raise SystemExit("the server streamed no token")
+
+
+async def _overload(base: str, seconds: float, clients: int, max_tokens: int) -> dict[str, Any]:
+    import httpx
+
+    admitted: list[float] = []
+    statuses: dict[int, int] = {}
+    deadline = time.perf_counter() + seconds
+
+    async def client_loop(client: Any, i: int) -> None:
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            resp = await client.post("/v1/chat/completions", json={**_chat(max_tokens), "seed": i})
+            statuses[resp.status_code] = statuses.get(resp.status_code, 0) + 1
+            if resp.status_code == 200:
+                admitted.append(time.perf_counter() - start)
+            elif resp.status_code == 503:
+                await asyncio.sleep(float(resp.headers.get("retry-after", 1)))
+
+    start = time.perf_counter()
+    async with httpx.AsyncClient(base_url=base, timeout=600, limits=httpx.Limits(max_connections=None)) as client:
+        await asyncio.gather(*(client_loop(client, i) for i in range(clients)))
+    wall = time.perf_counter() - start  # past `seconds`: the requests admitted before the end are answered
+    total = sum(statuses.values())
+    return {
+        "requests": total,
+        "statuses": statuses,
+        "refused_share": round(statuses.get(503, 0) / max(total, 1), 3),
+        "admitted_p50_s": round(statistics.median(admitted), 3) if admitted else None,
+        "admitted_p95_s": round(_percentile(admitted, 0.95), 3) if admitted else None,
+        "admitted_per_s": round(len(admitted) / wall, 2),
+        "wall_s": round(wall, 1),
+    }
+
+
+def _print_overload(o: dict[str, Any]) -> None:
+    print(f"\nsustained overload: {o['requests']} requests, statuses {o['statuses']}, refused "
+          f"{o['refused_share']:.1%}; admitted p50 {o['admitted_p50_s']}s p95 {o['admitted_p95_s']}s "
+          f"({o['admitted_per_s']}/s over {o['wall_s']}s); /health after: {o['health_after']}")  # fmt: skip
+
+
 def _free_port() -> int:
     import socket
 
@@ -177,14 +326,24 @@ def main() -> None:
     parser.add_argument("--side-by-side", action="store_true", help="old server against new on one model")
     parser.add_argument("--config", default="configs/125m.yaml", help="--side-by-side: the random-init model shape")
     parser.add_argument("--levels", default="1,8", help="--side-by-side: the concurrency levels")
-    parser.add_argument("--parallel", type=int, default=8, help="--side-by-side: the new server's slots")
+    parser.add_argument("--parallel", type=int, help="the new server's slots (--side-by-side: 8, --hostile: 4)")
     parser.add_argument("--threads", type=int, default=None, help="--side-by-side: default every core")
     parser.add_argument("--n-ctx", type=int, default=512, help="--side-by-side: context per request")
-    parser.add_argument("--json", type=Path, help="--side-by-side: also write the results here")
+    parser.add_argument("--json", type=Path, help="--side-by-side, --hostile: also write the results here")
+    parser.add_argument("--hostile", action="store_true", help="the gateway's probes, then a sustained overload")
+    parser.add_argument("--gguf", type=Path, default=SMOLLM2, help="--hostile: the model served")
+    parser.add_argument("--seconds", type=float, default=60, help="--hostile: how long the overload lasts")
+    parser.add_argument("--queue", type=int, default=16, help="--hostile: serve.queue")
+    parser.add_argument("--clients", type=int, default=None, help="--hostile: default 2 x (parallel + queue)")
     args = parser.parse_args()
+    if args.hostile:
+        parallel = args.parallel or 4
+        hostile(args.gguf, args.seconds, parallel, args.queue, args.n_ctx, args.max_tokens or 32,
+                args.clients or 2 * (parallel + args.queue), args.threads, args.json)  # fmt: skip
+        return
     if args.side_by_side:
         levels = [int(c) for c in args.levels.split(",")]
-        side_by_side(args.config, args.n or 16, levels, args.max_tokens or 64, args.parallel, args.threads,
+        side_by_side(args.config, args.n or 16, levels, args.max_tokens or 64, args.parallel or 8, args.threads,
                      args.n_ctx, args.json)  # fmt: skip
         return
     report = load_test(args.api_base, args.model, args.n or 8, args.concurrency, args.max_tokens or 32)

