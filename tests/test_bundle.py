@@ -11,6 +11,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import free_port
 from test_serve import ALIAS, gguf_path, serve_cfg  # noqa: F401 - gguf_path is a fixture
@@ -40,12 +41,12 @@ def bundle(gguf_path, tmp_path):  # noqa: F811
 def test_bundle_contents(bundle):
     manifest = json.loads((bundle / "manifest.json").read_text())
     names = {p.name for p in bundle.iterdir()}
-    assert names == {"model-f16.gguf", "manifest.json", "SHA256SUMS", "run.sh", "Dockerfile", "server"}
+    assert names == {"model-f16.gguf", "manifest.json", "SHA256SUMS", "run.sh", "Dockerfile", "Modelfile", "server"}
     server = {p.name for p in (bundle / "server").iterdir()}
     # llama-server, its libraries under the names the loader asks for, and one CPU backend per x86-64 level
     assert {"llama-server", "BUILD-INFO", "libllama.so.0", "libggml.so.0", "libggml-base.so.0"} <= server
     assert {"libggml-cpu-haswell.so", "libggml-cpu-skylakex.so", "libggml-cpu-x64.so"} <= server
-    assert set(manifest["files"]) == {"model-f16.gguf", "SHA256SUMS", "run.sh", "Dockerfile"} | {
+    assert set(manifest["files"]) == {"model-f16.gguf", "SHA256SUMS", "run.sh", "Dockerfile", "Modelfile"} | {
         f"server/{name}" for name in server
     }
     assert manifest["llama_server"]["version"] == "0.3.36"
@@ -64,6 +65,18 @@ def test_bundle_contents(bundle):
     if hadolint.exists():
         lint = subprocess.run([str(hadolint), str(bundle / "Dockerfile")], capture_output=True, text=True, timeout=60)
         assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_modelfile_names_the_bundles_gguf_a_template_and_the_stop_token(bundle):
+    from models.gguf import gguf_metadata
+
+    lines = (bundle / "Modelfile").read_text().splitlines()
+    assert "FROM ./model-f16.gguf" in lines
+    template = next(line for line in lines if line.startswith('TEMPLATE """'))
+    assert template.endswith('"""') and "{{- range .Messages }}" in template and "{{ .Content }}" in template
+    meta = gguf_metadata(bundle / "model-f16.gguf", "tokenizer.ggml.tokens", "tokenizer.ggml.eos_token_id")
+    eos = meta["tokenizer.ggml.tokens"][meta["tokenizer.ggml.eos_token_id"]]
+    assert f"PARAMETER stop {json.dumps(eos)}" in lines
 
 
 def test_run_sh_serves_the_bundle_without_python(bundle):
@@ -119,6 +132,10 @@ def test_copied_bundle_is_verified_and_served(bundle):
             model=ALIAS, messages=[{"role": "user", "content": "hello"}], max_tokens=8
         )
         assert resp.choices[0].message.content is not None and 1 <= resp.usage.completion_tokens <= 8
+        # llama-server runs in the bundle's checked server/: ggml loads any libggml-cpu-*.so in its working directory
+        server_pids = [p.pid for p in psutil.Process(backend.proc.pid).children(recursive=True)
+                       if p.name() == "llama-server"]  # fmt: skip
+        assert [Path(f"/proc/{pid}/cwd").resolve() for pid in server_pids] == [(bundle / "server").resolve()]
 
 
 def _flip_one_byte(path: Path) -> None:
@@ -168,6 +185,91 @@ def test_run_sh_refuses_a_tampered_bundle(bundle):
     proc = subprocess.run(["sh", str(bundle / "run.sh")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "refusing to serve" in proc.stderr
+
+
+def test_run_sh_refuses_an_unlisted_file(bundle):
+    """ggml loads every libggml-cpu-*.so beside llama-server: one the bundle does not list is refused by run.sh too."""
+    (bundle / "server" / "libggml-cpu-evil.so").write_bytes(b"x")
+    proc = subprocess.run(["sh", str(bundle / "run.sh")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "files not in SHA256SUMS: server/libggml-cpu-evil.so" in proc.stderr
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("kind", ["foreign", "working directory", "file", "old bundle with a stranger"])
+def test_out_that_is_not_a_bundle_is_refused_untouched(gguf_path, tmp_path, monkeypatch, kind):  # noqa: F811
+    from serve.bundle import build_bundle
+
+    home = tmp_path / "home"
+    (home / "src").mkdir(parents=True)
+    (home / "notes.txt").write_text("mine")
+    (home / "src" / "main.py").write_text("print('mine')")
+    out, match = home, "not empty and not a Forge bundle"
+    if kind == "working directory":  # `forge bundle --out .`
+        monkeypatch.chdir(home)
+        out, match = Path("."), "--out . is the working directory"
+    elif kind == "file":
+        out, match = home / "notes.txt", "exists and is not a directory"
+    elif kind == "old bundle with a stranger":
+        build_bundle(gguf_path, home / "bundle", SOURCE, serve_cfg().serve, n_ctx=512, tarball=False)
+        (home / "bundle" / "mine.txt").write_text("mine")
+        out, match = home / "bundle", r"files its manifest.json does not list \(mine.txt\)"
+    before = _tree(tmp_path)
+    with pytest.raises(ForgeError, match=match) as refused:
+        build_bundle(gguf_path, out, SOURCE, serve_cfg().serve, n_ctx=512)
+    assert "move it away yourself" in str(refused.value)  # the fix
+    assert _tree(tmp_path) == before  # nothing written, nothing deleted
+
+
+def test_rebundling_over_an_old_bundle_replaces_it(gguf_path, tmp_path):  # noqa: F811
+    from serve.bundle import build_bundle, verify_bundle
+
+    out = tmp_path / "dist" / "bundle"
+    out.mkdir(parents=True)  # an empty directory is accepted
+    first = build_bundle(gguf_path, out, SOURCE, serve_cfg().serve, n_ctx=512)
+    old_tar = Path(first["tarball"]).read_bytes()
+    second = build_bundle(gguf_path, out, SOURCE | {"version": "4"}, serve_cfg().serve, n_ctx=512)
+    assert verify_bundle(out)["source"]["version"] == "4" and second["tarball"] == first["tarball"]
+    assert Path(second["tarball"]).read_bytes() != old_tar
+    assert sorted(p.name for p in out.parent.iterdir()) == ["bundle", "bundle.tar.gz"]  # no temp left behind
+
+
+def test_failed_tarball_never_takes_the_final_name(tmp_path):
+    from serve.bundle import write_tarball
+
+    tar = tmp_path / "bundle.tar.gz"
+    tar.write_bytes(b"the old tarball")
+    with pytest.raises(FileNotFoundError):
+        write_tarball(tmp_path / "missing", tar)
+    assert tar.read_bytes() == b"the old tarball"
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle.tar.gz"]
+
+
+def test_killed_tarball_never_takes_the_final_name(tmp_path):
+    """SIGKILL halfway through compressing (a sparse 8 GB file: seconds of gzip): the final name never appears."""
+    import os
+    import signal
+    import time
+
+    src = tmp_path / "bundle"
+    src.mkdir()
+    with open(src / "big.gguf", "wb") as fh:
+        fh.truncate(8 << 30)
+    tar = tmp_path / "bundle.tar.gz"
+    code = "import sys, pathlib, serve.bundle as b; b.write_tarball(*map(pathlib.Path, sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(src), str(tar)], cwd=Path(__file__).parent.parent)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.name.startswith(".bundle.tar.gz.tmp") and p.stat().st_size for p in tmp_path.iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the tarball was never started"
+            time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert not tar.exists()
 
 
 def test_tarball_is_not_served_directly(tmp_path):
