@@ -5,9 +5,9 @@
 The gate judges only evidence downloaded from the registry (never local files): the version's reports, lineage and
 files, hashed here and handed to registry/gate.py with the current @production's eval report for the regression
 checks. Every decision, pass or refuse, is tagged on the version (forge.gate.decision, and one forge.gate.check.*
-tag per row of the table) and appended to the audit log (registry/audit.py). A failure of MLflow itself (server
-down, a registry error) is no decision: it is reported as RegistryUnavailable, with the tracking URI, never as a
-refusal.
+tag per row of the table; with the gate key, a signed record of the files judged: registry/signature.py) and
+appended to the audit log (registry/audit.py). A failure of MLflow itself (server down, a registry error) is no
+decision: it is reported as RegistryUnavailable, with the tracking URI, never as a refusal.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ from forge import ForgeError
 from forge.config import ForgeConfig
 from forge.hashing import sha256_file, sha256_tree
 from forge.io import atomic_write_json, read_json_object, utc_now
+from forge.lineage import require_reads
 from forge.paths import run_dir
 from forge.pipeline import GateRefused
 from forge.tracking import client_for
 from registry import gate, gate_table
 from registry.audit import append_event, events, production_stack
+from registry.signature import signature_tags, version_files
 from registry.store import (
     ALIAS,
     MAX_TAG,
@@ -97,21 +99,27 @@ def promote(cfg: ForgeConfig, name: str | None = None, version: str | int | None
         # The regression baseline is what the audit log put in production, not whatever the alias says now: an alias
         # moved by hand to a weak version must not make a weak candidate look fine.
         stack = production_stack(events(cfg, name))
-        evidence = _download_evidence(cfg, client, name, mv, stack[-1] if stack else None)
+        evidence, files = _download_evidence(cfg, client, name, mv, stack[-1] if stack else None)
     version_s, prod_v = str(mv.version), str(prod.version) if prod else None  # int in the sqlite store
     checks = gate.evaluate(policy, evidence)
     decision = Decision(name, version_s, gate.passed(checks), checks, policy.sha256, prod_v)
+    signed = signature_tags(name, version_s, decision.passed, policy.sha256, files)  # registry/signature.py
     doing = f"recording the gate's decision on {name} v{version_s} (it may be recorded only in part)"
     with mlflow_errors(client.tracking_uri, doing):
-        _record(cfg, client, decision)
+        _record(cfg, client, decision, signed)
     return decision
 
 
-def _download_evidence(cfg: ForgeConfig, client, name: str, mv, baseline: str | None) -> gate.Evidence:
-    """The candidate's evidence, with the eval report of the audited @production version to regress against."""
+def _download_evidence(
+    cfg: ForgeConfig, client, name: str, mv, baseline: str | None
+) -> tuple[gate.Evidence, dict[str, str]]:
+    """The candidate's evidence, with the eval report of the audited @production version to regress against, and
+    the sha256 of every file of the version (what a signed decision covers)."""
     version_s = str(mv.version)
     with tempfile.TemporaryDirectory(prefix=".gate-", dir=scratch()) as tmp:
-        evidence = read_evidence(download_version(cfg, client, name, version_s, Path(tmp) / "candidate"), mv.tags)
+        root = download_version(cfg, client, name, version_s, Path(tmp) / "candidate")
+        evidence = read_evidence(root, mv.tags)
+        files = version_files(root, evidence)
         if baseline is not None:
             evidence.production_version = baseline
             if baseline == version_s:
@@ -119,14 +127,15 @@ def _download_evidence(cfg: ForgeConfig, client, name: str, mv, baseline: str | 
             else:
                 got = try_download(cfg, client, name, baseline, "reports/eval.json", Path(tmp) / "production")
                 evidence.production_eval = read_json_object(got) if got else None
-    return evidence
+    return evidence, files
 
 
 def promote_run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     """The pipeline's promote step: gate the version this run registered; raise GateRefused if it fails."""
-    version = (read_json_object(run_dir(cfg) / "register" / "version.json") or {}).get("version")
+    register_dir = require_reads(cfg, "promote", ["register"])["register"]
+    version = (read_json_object(register_dir / "version.json") or {}).get("version")
     if version is None:
-        raise ForgeError(f"no {run_dir(cfg)}/register/version.json: run `forge register` first")
+        raise ForgeError(f"no {register_dir}/version.json: re-run `forge register --force`")
     # For the run's report card: the decision this run got, pass or refuse (the audit log keeps all of them). An
     # earlier attempt's is removed first, so that an MLflow failure is not shown beside an old refusal.
     decision_file = run_dir(cfg) / "promote" / "decision.json"
@@ -141,7 +150,7 @@ def promote_run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     return {"name": decision.name, "version": decision.version, "decision": "pass"}
 
 
-def _record(cfg: ForgeConfig, client, d: Decision) -> None:
+def _record(cfg: ForgeConfig, client, d: Decision, signed: dict[str, str]) -> None:
     now, user = utc_now(), getpass.getuser()
     failing = gate.failing(d.checks)
     details = json.dumps([{"check": c.name, "detail": c.detail} for c in d.checks if not c.passed])
@@ -157,6 +166,7 @@ def _record(cfg: ForgeConfig, client, d: Decision) -> None:
     }
     tags |= {gate_table.tag_key(c): gate_table.tag_value(c)[:MAX_TAG] for c in d.checks}
     tags |= {gate_table.advice_tag_key(c): c.advice[:MAX_TAG] for c in d.checks if c.advice}
+    tags |= signed
     for key, value in tags.items():
         client.set_model_version_tag(d.name, d.version, key, value)
     event = {"action": "promote" if d.passed else "refuse", "version": d.version, "previous": d.previous,

@@ -2,7 +2,9 @@
 (docker/mlflow-server.sh) with docker/team.env's settings, on a real PostgreSQL server (Debian's postgresql, a
 throwaway cluster) and a real S3-compatible endpoint (moto's server). A candidate is registered, promoted and
 resolved through the tracking server alone: its rows must land in Postgres, its files in the bucket, and what
-`serve` downloads back must hash to what was registered.
+`serve` downloads back must hash to what was registered. The server requires a user (MLflow's basic-auth app): a
+request without one, or with a wrong password, gets 401; and no process of the server carries a password on its
+command line.
 
 Needs PostgreSQL's server binaries (`apt-get install postgresql`; .ci/run installs them) and the dev extras.
 """
@@ -30,6 +32,8 @@ pytestmark = pytest.mark.integration  # starts servers, processes or trains (tes
 
 TEAM_ENV = dict(line.split("=", 1) for line in (REPO / "docker" / "team.env").read_text().splitlines() if "=" in line)
 PASSWORD = "team-test-password"  # the shell's FORGE_DB_PASSWORD in a real deployment
+ADMIN, ADMIN_PASSWORD = "admin", "mlflow-admin-test-password"  # the shell's FORGE_MLFLOW_PASSWORD
+SERVER = ["sh", str(REPO / "docker" / "mlflow-server.sh")]
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "forge-test", "AWS_SECRET_ACCESS_KEY": "forge-test-secret",
            "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
 
@@ -87,23 +91,48 @@ def s3() -> Iterator[str]:
     server.stop()
 
 
+def server_env(**extra: str) -> dict[str, str]:
+    """What compose gives the mlflow service, without its stores; the venv's mlflow first on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "FORGE_DB_"))}
+    return env | {"MLFLOW_HOST": "127.0.0.1", "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD,
+                  "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"} | extra  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def team_server(postgres, s3, tmp_path_factory) -> Iterator[str]:
-    """docker/mlflow-server.sh with the team settings; yields the tracking URL."""
-    port = free_port()
-    env = {**os.environ, **postgres, **S3_KEYS, "MLFLOW_S3_ENDPOINT_URL": s3, "MLFLOW_HOST": "127.0.0.1",
-           "MLFLOW_PORT": str(port), "FORGE_ARTIFACT_BUCKET": TEAM_ENV["FORGE_ARTIFACT_BUCKET"],
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # fmt: skip
-    log_path = tmp_path_factory.mktemp("team-server") / "server.log"
+def team_server(postgres, s3, tmp_path_factory) -> Iterator[tuple[str, int]]:
+    """docker/mlflow-server.sh with the team settings; yields the tracking URL and the server's process id."""
+    port, root = free_port(), tmp_path_factory.mktemp("team-server")
+    env = server_env(**postgres, **S3_KEYS, MLFLOW_S3_ENDPOINT_URL=s3, MLFLOW_PORT=str(port), FORGE_RUNS_DIR=str(root),
+                     FORGE_ARTIFACT_BUCKET=TEAM_ENV["FORGE_ARTIFACT_BUCKET"])  # fmt: skip
+    log_path = root / "server.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(["sh", str(REPO / "docker" / "mlflow-server.sh"), "--workers", "1"], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen([*SERVER, "--workers", "1"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         wait_for_mlflow(url, proc, log_path, timeout=180)  # the first start creates MLflow's tables in Postgres
-        yield url
+        yield url, proc.pid
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
-    assert "backend postgresql+psycopg, artifacts s3://" in log_path.read_text()
+    text = log_path.read_text()
+    assert "backend postgresql+psycopg, artifacts s3://" in text and "basic auth" in text
+    assert PASSWORD not in text and ADMIN_PASSWORD not in text
+    assert (root / "mlflow-auth.db").is_file()  # the users, in the runs volume
+
+
+def status(url: str, auth: tuple[str, str] | None = None) -> int:
+    """The HTTP status of a read through MLflow's REST API, as `auth` (user, password) or anonymously."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{url}/api/2.0/mlflow/registered-models/search?max_results=1")
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 @pytest.mark.slow  # ~30-60 s: Postgres, the S3 endpoint and the server start, then a register and a download
@@ -116,9 +145,23 @@ def test_team_store_keeps_the_registry_in_postgres_and_the_files_in_s3(
     monkeypatch,
 ):
     import boto3
+    import psutil
     import psycopg
 
-    # the client has no bucket credentials: artifacts go through the tracking server, which proxies them
+    team_server, pid = team_server
+    # no secret on the command line of the server or of any process it started (its workers, its job runner)
+    server = psutil.Process(pid)
+    for p in [server, *server.children(recursive=True)]:
+        cmdline = " ".join(p.cmdline())
+        assert PASSWORD not in cmdline and ADMIN_PASSWORD not in cmdline, cmdline
+    # every request needs a user: none, or a wrong password, is refused; /health stays open for the healthcheck
+    assert status(team_server) == 401 and status(team_server, (ADMIN, "not-the-password")) == 401
+    assert status(team_server, (ADMIN, ADMIN_PASSWORD)) == 200
+
+    # the client logs in from the environment (compose's MLFLOW_TRACKING_USERNAME / _PASSWORD) and has no bucket
+    # credentials: artifacts go through the tracking server, which proxies them
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
     for key in S3_KEYS:
         monkeypatch.delenv(key, raising=False)
     name = "forge-team-test"
@@ -158,3 +201,22 @@ def test_team_store_keeps_the_registry_in_postgres_and_the_files_in_s3(
     assert sha256_tree(served / "model") == sha256_tree(isolated_runs / "team" / "pretrain" / "model")
     for gguf in (isolated_runs / "team" / "quantize").glob("*.gguf"):
         assert sha256_file(served / "gguf" / gguf.name) == sha256_file(gguf)
+
+
+def test_the_server_refuses_to_start_without_an_admin_password(tmp_path):
+    env = server_env(FORGE_RUNS_DIR=str(tmp_path))
+    del env["MLFLOW_AUTH_ADMIN_PASSWORD"]
+    out = subprocess.run(SERVER, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "set MLFLOW_AUTH_ADMIN_PASSWORD" in out.stderr, out.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_compose_hands_the_admin_password_to_the_server_and_to_every_client():
+    """compose.yaml's names for the credentials are the ones the server script and MLflow's client read."""
+    from test_images import compose
+
+    services = compose({"FORGE_MLFLOW_PASSWORD": ADMIN_PASSWORD})["services"]
+    assert services["mlflow"]["environment"]["MLFLOW_AUTH_ADMIN_PASSWORD"] == ADMIN_PASSWORD
+    for name in ("pipeline", "promote", "register", "serve", "serve-gpu"):
+        env = services[name]["environment"]
+        assert (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"]) == (ADMIN, ADMIN_PASSWORD), name
