@@ -71,7 +71,7 @@ COPY docker/llama-server.sh /tmp/llama-server.sh
 # hadolint ignore=DL3008
 RUN if grep -qxF "cmake_args=${LLAMA_SERVER_CMAKE_ARGS}" /opt/llama-server/BUILD-INFO 2>/dev/null \
         && grep -qxF "version=${LLAMA_CPP_VERSION}" /opt/llama-server/BUILD-INFO \
-        && [ -x /opt/llama-server/llama-server ]; then \
+        && [ -x /opt/llama-server/llama-server ] && [ -f /opt/llama-server/convert/convert_hf_to_gguf.py ]; then \
         echo "llama-server: prebuilt ($(grep ^built= /opt/llama-server/BUILD-INFO))"; \
     else \
         rm -rf /opt/llama-server && apt-get update \
@@ -80,7 +80,8 @@ RUN if grep -qxF "cmake_args=${LLAMA_SERVER_CMAKE_ARGS}" /opt/llama-server/BUILD
         && FORGE_LLAMA_SERVER_CACHE=/tmp/llama-cache bash /tmp/llama-server.sh /opt/llama-server \
         && rm -rf /tmp/llama-cache; \
     fi \
-    && rm -f /opt/llama-server/.gitignore
+    && rm -f /opt/llama-server/.gitignore \
+    && mv /opt/llama-server/convert /opt/llama-convert
 
 # ---- src: the package sources, configs and container scripts, gathered once so that each image takes them in one
 # COPY and one RUN.
@@ -111,21 +112,23 @@ ARG PIP_FIND_LINKS
 VOLUME ["/app/runs"]
 ENTRYPOINT ["forge"]
 CMD ["--help"]
-COPY pyproject.toml /tmp/pyproject.toml
+# llama.cpp's HF -> GGUF converter, from the llama.cpp the bindings and llama-server are built from (serve/gguf_convert.py)
+ENV FORGE_LLAMA_CONVERT=/opt/llama-convert
+COPY --from=llama-server /opt/llama-convert /opt/llama-convert
+COPY docker/requirements-train.lock /tmp/requirements-train.lock
 # The dependencies alone first (their layer survives code changes), then the code without them; the training image
 # carries the optional parts too (Ray Data for `forge data --executor ray`, lm-eval for benchmarks, the Chinese and
-# Japanese word segmenters). TORCH_SPEC is
-# pinned (torch==2.13.0); hadolint cannot see through the variable.
+# Japanese word segmenters). torch and the llama-cpp-python wheel go in first, then every other package from the lock
+# (docker/lock.sh), each file checked against its sha256. TORCH_SPEC is pinned (torch==2.13.0); hadolint cannot see
+# through the variable.
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     echo "llama.cpp: ${LLAMA_CPP_VERSION} ${LLAMA_CMAKE_ARGS}" \
     && export PIP_FIND_LINKS="/wheels ${PIP_FIND_LINKS:-}" \
     && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} "${TORCH_SPEC}" \
-    && python3 -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + sum((p['optional-dependencies'][x] for x in ('ray', 'benchmarks', 'cjk')), [])))" \
-        > /tmp/requirements.txt \
-    && pip install "llama-cpp-python[server]==${LLAMA_CPP_VERSION}" -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt /tmp/pyproject.toml
+    && pip install --no-deps --only-binary llama-cpp-python "llama-cpp-python==${LLAMA_CPP_VERSION}" \
+    && pip install --require-hashes -r /tmp/requirements-train.lock \
+    && rm /tmp/requirements-train.lock
 COPY --from=src /src /tmp/forge-src
 RUN pip install --no-deps /tmp/forge-src && mv /tmp/forge-src/configs /app/configs && rm -rf /tmp/forge-src
 USER 10001
@@ -147,11 +150,12 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["pyt
 ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
 CMD ["serve"]
 COPY --from=llama-server /opt/llama-server /opt/llama-server
-COPY docker/requirements-serve.txt docker/requirements-chat.txt /tmp/
+# requirements-serve.txt + requirements-chat.txt, locked (docker/lock.sh)
+COPY docker/requirements-serve-cpu.lock /tmp/
 RUN echo "llama-server: llama.cpp of llama-cpp-python ${LLAMA_CPP_VERSION}, ${LLAMA_SERVER_CMAKE_ARGS}" \
     && /opt/llama-server/llama-server --version \
-    && pip install -r /tmp/requirements-serve.txt -r /tmp/requirements-chat.txt \
-    && rm /tmp/requirements-serve.txt /tmp/requirements-chat.txt
+    && pip install --require-hashes -r /tmp/requirements-serve-cpu.lock \
+    && rm /tmp/requirements-serve-cpu.lock
 # --no-deps: forge's own requirements are the training stack; the serve verbs import only the packages above.
 COPY --from=src /src /tmp/forge-src
 RUN pip install --no-deps /tmp/forge-src && mv /tmp/forge-src/configs /app/configs \
@@ -167,8 +171,9 @@ EXPOSE 5000
 ENV FORGE_HEALTH_URL=http://127.0.0.1:5000/health
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/usr/local/bin/healthcheck.py"]
 ENTRYPOINT ["/usr/local/bin/mlflow-server.sh"]
-COPY docker/requirements-mlflow.txt /tmp/requirements-mlflow.txt
-RUN pip install -r /tmp/requirements-mlflow.txt && rm /tmp/requirements-mlflow.txt
+# requirements-mlflow.txt, locked (docker/lock.sh)
+COPY docker/requirements-mlflow.lock /tmp/requirements-mlflow.lock
+RUN pip install --require-hashes -r /tmp/requirements-mlflow.lock && rm /tmp/requirements-mlflow.lock
 COPY docker/mlflow-server.sh docker/healthcheck.py /usr/local/bin/
 USER 10001
 

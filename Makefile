@@ -9,20 +9,28 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-smollm2 smollm2 test test-vllm lint mlflow images test-images clean
+.PHONY: install lock demo demo-smollm2 smollm2 test test-vllm lint mlflow images test-images clean
 
 # llama-cpp-python goes in from the portable wheel that the images use too (docker/llama-wheel.sh: GGML_NATIVE=OFF,
 # compiled once into ~/.cache/forge/wheelhouse), never from pip's own cache: pip keys a wheel it compiled by version
 # alone, so a -march=native build made on an AVX-512 host is handed to an AVX2 host, where the first llama.cpp call
 # kills the process with SIGILL ("Illegal instruction").
-$(STAMP): pyproject.toml Dockerfile docker/llama-wheel.sh docker/llama-lib-only.cmake
+# Everything else comes from requirements.lock: each package at the version resolved and tested, each file checked
+# against its sha256 (--require-hashes); then Forge itself, --no-deps. `make lock` re-resolves (docker/lock.sh).
+$(STAMP): pyproject.toml requirements.lock Dockerfile docker/llama-wheel.sh docker/llama-lib-only.cmake
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	wheel=$$(PYTHON=$(abspath $(BIN))/python bash docker/llama-wheel.sh) && \
 		$(BIN)/python -m pip install --quiet --force-reinstall --no-deps "$$wheel"
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+# The lock files (requirements.lock and the images' docker/requirements-*.lock) from pyproject.toml and
+# docker/requirements-*.txt: after changing a requirement; UPGRADE=1 moves every package to its newest allowed version.
+lock: $(STAMP)
+	PYTHON=$(BIN)/python bash docker/lock.sh
 
 # llama.cpp's own llama-server (what `forge serve` runs on CPU), compiled once from the llama.cpp that the pinned
 # llama-cpp-python vendors into ~/.cache/forge (FORGE_LLAMA_SERVER_CACHE; docker/llama-server.sh) and linked into the

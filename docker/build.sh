@@ -59,12 +59,13 @@ fi
 # The portable llama-cpp-python wheel (train) and llama-server (serve-cpu): prebuilt on this host when its glibc is not
 # newer than the base image's (bookworm: 2.36), else left to the image's `wheels` and `llama-server` stages.
 rm -f docker/wheels/*.whl docker/wheels/BUILD-INFO docker/llama-server/llama-server docker/llama-server/lib*.so* \
-    docker/llama-server/BUILD-INFO
+    docker/llama-server/BUILD-INFO && rm -rf docker/llama-server/convert
 glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
 if [ -z "${FORGE_COMPILE_IN_IMAGE:-}" ] && [ -n "$glibc" ] \
     && [ "$(printf '%s\n2.36\n' "$glibc" | sort -V | tail -1)" = 2.36 ]; then
     case " ${targets[*]} " in *" train "*) docker/llama-wheel.sh docker/wheels >/dev/null ;; esac
-    case " ${targets[*]} " in *" serve-cpu "*) docker/llama-server.sh docker/llama-server >/dev/null ;; esac
+    # llama-server for serve-cpu, and llama.cpp's GGUF converter from the same source for train
+    case " ${targets[*]} " in *" serve-cpu "* | *" train "*) docker/llama-server.sh docker/llama-server >/dev/null ;; esac
 else
     echo "images: llama.cpp will be compiled inside the image (many minutes)" >&2
 fi

@@ -32,15 +32,31 @@ read -r -a cpu <<< "$cpu_args"
 key=$(printf '%s|%s|%s' "$version" "${switches[*]}" "${cpu[*]}" | sha256sum | cut -c1-12)
 house="${FORGE_LLAMA_SERVER_CACHE:-$HOME/.cache/forge}/llama-server-$version-$key"
 python="${PYTHON:-python3}"
+# The sdist itself (pip's own client and index settings), never a git checkout: exactly what the bindings built.
+fetch_sdist() {
+    [ -f "$1"/llama_cpp_python-"$version".tar.gz ] \
+        || "$python" -m pip download --quiet --no-deps --no-binary :all: -d "$1" "llama-cpp-python==$version" >&2
+}
+# llama.cpp's own HF -> GGUF converter from the same sdist (convert_hf_to_gguf.py, its conversion/ package and the
+# gguf-py it needs: newer than PyPI's gguf of the same version number), a few MB of Python beside the server, for the
+# families Forge did not train (serve/gguf_convert.py; FORGE_LLAMA_CONVERT points elsewhere, as in an image).
+# Extracted first, into the compile's directory, so a cold build downloads the sdist once for both.
+convert="${FORGE_LLAMA_SERVER_CACHE:-$HOME/.cache/forge}/llama-convert-$version"
+if [ ! -f "$convert/convert_hf_to_gguf.py" ]; then
+    mkdir -p "$house.build" && rm -rf "$convert.tmp" && mkdir -p "$convert.tmp"
+    fetch_sdist "$house.build"
+    tar -xzf "$house.build"/llama_cpp_python-"$version".tar.gz -C "$convert.tmp" --strip-components=3 \
+        "llama_cpp_python-$version/vendor/llama.cpp/"{convert_hf_to_gguf.py,conversion,gguf-py,LICENSE}
+    rm -rf "$convert" && mv "$convert.tmp" "$convert"
+    [ ! -x "$house/llama-server" ] || rm -rf "$house.build"  # the server is built: the sdist served the converter only
+fi
 if [ ! -x "$house/llama-server" ]; then
     echo "llama-server: compiling llama.cpp of llama-cpp-python $version with $cpu_args (cold: many minutes)" >&2
     # One build directory per cache entry, kept when a step fails: running again resumes the compile.
     tmp="$house.build"
     mkdir -p "$tmp/src"
     start=$(date +%s)
-    # The sdist itself (pip's own client and index settings), never a git checkout: exactly what the bindings built.
-    [ -f "$tmp"/llama_cpp_python-"$version".tar.gz ] \
-        || "$python" -m pip download --quiet --no-deps --no-binary :all: -d "$tmp" "llama-cpp-python==$version" >&2
+    fetch_sdist "$tmp"
     tar -xzf "$tmp"/llama_cpp_python-"$version".tar.gz -C "$tmp/src" --strip-components=1 \
         "llama_cpp_python-$version/vendor/llama.cpp"
     cmake -S "$tmp/src/vendor/llama.cpp" -B "$tmp/build" "${switches[@]}" "${cpu[@]}" >&2
@@ -73,5 +89,6 @@ if [ $# -ge 1 ]; then
     rm -f "$1"/llama-server "$1"/lib*.so* "$1"/BUILD-INFO
     # -p: the same bytes and times every build, so the image's COPY of it (and all after it) stays cached.
     cp -p "$house"/llama-server "$house"/lib*.so* "$house"/BUILD-INFO "$1/"
+    rm -rf "$1/convert" && cp -rp "$convert" "$1/convert"  # the converter travels with the server (the train image)
 fi
 echo "$house/llama-server"
