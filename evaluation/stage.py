@@ -44,7 +44,7 @@ from forge import ForgeError
 from forge.config import EvalConfig, ForgeConfig
 from forge.hashing import hash_inputs, sha256_tree
 from forge.io import atomic_write_jsonl, atomic_write_text, read_jsonl, remove_path
-from forge.lineage import Stage, candidate_model, completed_manifest, read_manifest, run_stage
+from forge.lineage import Stage, candidate_model, read_manifest, require_reads, run_stage
 from forge.paths import run_dir
 from models.access import Backend, HFBackend, is_chat_model, open_model
 from models.gguf import check_gguf
@@ -67,13 +67,10 @@ OUTPUTS = (
 def resolve_target(cfg: ForgeConfig, target: str) -> tuple[Path, str, Path | None]:
     """(model path, stage name, the producing stage's directory or None)."""
     if target in STAGE_TARGETS:
-        stage_dir = run_dir(cfg) / target
+        stage_dir = run_dir(cfg) / target  # complete: run() checked it (require_reads)
         model = stage_dir / "model"
-        if completed_manifest(stage_dir) is None or not (model / "config.json").is_file():
-            raise ForgeError(
-                f"no {target} model at {model} (the {target} stage has not completed); run `forge {target}` with "
-                f"the same --config first, or pass --target PATH"
-            )
+        if not (model / "config.json").is_file():
+            raise ForgeError(f"no {target} model at {model} (no config.json); re-run `forge {target} --force`")
         return model, f"eval-{target}", stage_dir
     path = Path(target)
     if not path.exists():
@@ -149,6 +146,7 @@ def run(
     from pretrain.qa.stage import refuse_wrong_domain, source_kind
 
     refuse_wrong_domain(cfg, source_kind(cfg)[0])  # first: Q&A of the wrong domain is refused outright
+    require_reads(cfg, "eval", ["data", "qa", *([target] if target in STAGE_TARGETS else [])])
     model, name, producer = resolve_target(cfg, target)
     test = test_text(cfg)  # first: an empty test split is an error before any stage directory is written
     qa_source = qa_input(cfg)
@@ -344,10 +342,8 @@ def eval_items(
     """The Q&A pairs (with few-shot examples for a base model) and multiple-choice items of one evaluation, built
     once: the model and its random-init twin score the same ones."""
     ecfg = cfg.eval
-    if not chat and ecfg.base_fewshot:
-        records = tasks.with_fewshot(records, ecfg.base_fewshot, cfg.seed)
-    items = tasks.build_mc_items(records, ecfg.mc_choices, cfg.seed)
-    return tasks.select_qa(records, ecfg.qa_max_examples), tasks.select_qa(items, ecfg.mc_max_examples)
+    shots = 0 if chat else ecfg.base_fewshot
+    return tasks.held_out_items(records, shots, ecfg.mc_choices, ecfg.qa_max_examples, ecfg.mc_max_examples, cfg.seed)
 
 
 def measure(

@@ -31,6 +31,8 @@ the first blank line.
 from __future__ import annotations
 
 import hashlib
+import heapq
+import itertools
 import math
 import random
 import re
@@ -46,6 +48,7 @@ from models.access import Backend
 BASE_PROMPT = "Question: {question}\nAnswer:"
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
+DRAWS_PER_CHOICE = 8  # record draws per distractor before the distinct answers are drawn from instead
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -130,17 +133,22 @@ def question_free_prompt(backend: Backend, record: dict[str, Any], chat: bool) -
     return question_prompt(backend, {"question": "", "messages": messages, "fewshot": record.get("fewshot", [])}, chat)
 
 
-def with_fewshot(records: list[dict[str, Any]], shots: int, seed: int) -> list[dict[str, Any]]:
-    """Each record with `fewshot`: `shots` other records of its question type, solved (a seeded draw). For a base
-    model, which never saw the Question/Answer format in pretraining: lm-eval's num_fewshot, drawn from the same
-    held-out set as lm-eval does for a task with no train split. The random-init twin gets the same examples."""
-    rng = random.Random(seed)
-    same_qtype = indices_by_qtype(records)
+def with_fewshot(
+    records: list[dict[str, Any]], shots: int, seed: int, indices: Sequence[int] | None = None
+) -> list[dict[str, Any]]:
+    """The records at `indices` (default: all) each with `fewshot`: `shots` other records of its question type,
+    solved, never one with the record's answer ("json" for another `json` function would hand the answer over). For
+    a base model, which never saw the Question/Answer format in pretraining: lm-eval's num_fewshot, drawn from the
+    same held-out set as lm-eval does for a task with no train split. The random-init twin gets the same examples.
+    A seeded draw by index per record (`record_rng`): O(shots) each, whatever the size of its type."""
+    pools = {qtype: AnswerPool(records, group) for qtype, group in indices_by_qtype(records).items()}
     out = []
-    for record in records:
-        # never one with the same answer ("json" for another `json` function): it would hand the answer over
-        pool = [j for j in same_qtype[record.get("qtype")] if records[j]["answer"] != record["answer"]]
-        demos = [records[j] for j in rng.sample(pool, min(shots, len(pool)))]
+    for i in range(len(records)) if indices is None else indices:
+        record = records[i]
+        pool, answer = pools[record.get("qtype")], record["answer"]
+        eligible = pool.others(answer)
+        drawn = record_rng(seed, "fewshot", i).sample(range(eligible), min(shots, eligible))
+        demos = [records[pool.other(answer, position)] for position in drawn]
         out.append({**record, "fewshot": [{"question": d["question"], "answer": d["answer"]} for d in demos]})
     return out
 
@@ -151,6 +159,51 @@ def indices_by_qtype(records: list[dict[str, Any]]) -> dict[Any, list[int]]:
     for i, record in enumerate(records):
         groups.setdefault(record.get("qtype"), []).append(i)
     return groups
+
+
+def record_rng(seed: int, purpose: str, index: int) -> random.Random:
+    """A record's own generator: its draws do not depend on which other records are chosen, so the Q&A record and
+    the multiple-choice item of one held-out pair get the same solved examples."""
+    return random.Random(f"{seed}:{purpose}:{index}")  # a str seed is hashed with SHA-512: stable across runs
+
+
+class AnswerPool:
+    """Records (by index) with their equal answers next to each other, so that the records whose answer is not a
+    given one are one range of positions: drawing k of them is k positions, O(k) however large the pool."""
+
+    def __init__(self, records: list[dict[str, Any]], indices: Sequence[int]) -> None:
+        runs: dict[str, list[int]] = {}
+        for i in indices:
+            runs.setdefault(records[i]["answer"], []).append(i)
+        self.records = records
+        self.answers = list(runs)  # distinct, in file order
+        self.order = [i for run in runs.values() for i in run]
+        ends = list(itertools.accumulate(len(run) for run in runs.values()))
+        self.spans = {a: (end - len(run), end) for (a, run), end in zip(runs.items(), ends, strict=True)}
+
+    def others(self, answer: str) -> int:
+        """How many records of the pool have another answer."""
+        start, end = self.spans.get(answer, (0, 0))
+        return len(self.order) - (end - start)
+
+    def other(self, answer: str, position: int) -> int:
+        """The index of the record at `position` among those whose answer is not `answer`."""
+        start, end = self.spans.get(answer, (0, 0))
+        return self.order[position if position < start else position + end - start]
+
+    def distinct(self, rng: random.Random, answer: str, k: int, picked: list[str]) -> list[str]:
+        """`picked` grown to `k` distinct answers, none `answer`, drawn record by record (a common answer more
+        often, as a shuffle of the records would give them); where a few answers crowd the pool out and
+        DRAWS_PER_CHOICE draws per choice did not find them, from the pool's distinct answers."""
+        picked, eligible = list(picked), self.others(answer)
+        for _ in range(DRAWS_PER_CHOICE * k if eligible else 0):
+            if len(picked) == k:
+                return picked
+            candidate = self.records[self.other(answer, rng.randrange(eligible))]["answer"]
+            if candidate not in picked:
+                picked.append(candidate)
+        rest = rng.sample(self.answers, min(len(self.answers), k + 1))  # k + 1: `answer` and `picked` left out
+        return [*picked, *(a for a in rest if a != answer and a not in picked)][:k]
 
 
 def answer_ids(backend: Backend, answer: str, chat: bool) -> list[int]:
@@ -176,13 +229,33 @@ def mc_item_id(item: dict[str, Any]) -> str:
     return text_id("\0".join([item["question"], item["choices"][item["gold"]], *sorted(item["choices"])]))
 
 
+def select_indices(records: list[dict[str, Any]], limit: int) -> list[int]:
+    """The indices of at most `limit` records, a stable choice (the smallest hashes of the question), ascending."""
+    if len(records) <= limit:
+        return list(range(len(records)))
+    digest = [hashlib.sha256(r["question"].encode()).hexdigest() for r in records]
+    return sorted(heapq.nsmallest(limit, range(len(records)), key=digest.__getitem__))
+
+
 def select_qa(records: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     """At most `limit` records, a stable choice (by a hash of the question), in file order."""
-    if len(records) <= limit:
-        return list(records)
-    ranked = sorted(range(len(records)), key=lambda i: hashlib.sha256(records[i]["question"].encode()).hexdigest())
-    keep = set(ranked[:limit])
-    return [r for i, r in enumerate(records) if i in keep]
+    return [records[i] for i in select_indices(records, limit)]
+
+
+def held_out_items(
+    records: list[dict[str, Any]], shots: int, choices: int, qa_limit: int, mc_limit: int, seed: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(Q&A records, multiple-choice items) of one evaluation. The records are chosen first (each cap by question
+    hash), and only those get solved examples (`shots`, 0 for a chat model) and distractors, drawn by index: linear
+    in the held-out pairs, not quadratic. Every record gives an item when the pairs hold `choices` distinct answers,
+    so the items are min(mc_limit, pairs), what evaluation/evidence.py predicts for the gate's min_items."""
+    qa, mc = select_indices(records, qa_limit), select_indices(records, mc_limit)
+    if shots:
+        chosen = sorted(set(qa) | set(mc))
+        records = list(records)
+        for i, solved in zip(chosen, with_fewshot(records, shots, seed, chosen), strict=True):
+            records[i] = solved
+    return [records[i] for i in qa], build_mc_items(records, choices, seed, mc)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -247,26 +320,21 @@ def by_qtype(rows: list[dict[str, Any]], fields: dict[str, str], count: str) -> 
 # multiple choice
 
 
-def build_mc_items(records: list[dict[str, Any]], choices: int, seed: int) -> list[dict[str, Any]]:
-    """For each record: its answer among `choices - 1` distinct answers of other records (same qtype first)."""
-    rng = random.Random(seed)
-    same_qtype = indices_by_qtype(records)
+def build_mc_items(
+    records: list[dict[str, Any]], choices: int, seed: int, indices: Sequence[int] | None = None
+) -> list[dict[str, Any]]:
+    """For each record at `indices` (default: all): its answer among `choices - 1` distinct answers of other records
+    (same question type first, any type for the rest), option order shuffled; a seeded draw by index per record
+    (`record_rng`), O(choices) each. None when the records hold fewer than `choices` distinct answers."""
+    same = {qtype: AnswerPool(records, group) for qtype, group in indices_by_qtype(records).items()}
+    anywhere = AnswerPool(records, range(len(records)))
+    if len(anywhere.answers) < choices:
+        return []  # too few distinct answers to build any item (each record's own is one of them)
     items = []
-    for i, record in enumerate(records):
-        picked: list[str] = []
-        same = [j for j in same_qtype[record.get("qtype")] if j != i]
-        for pool in (same, range(len(records))):  # other question types only when the same type runs short
-            order = list(pool)
-            rng.shuffle(order)
-            for j in order:
-                if len(picked) == choices - 1:
-                    break
-                answer = records[j]["answer"]
-                if j != i and answer != record["answer"] and answer not in picked:
-                    picked.append(answer)
-        if len(picked) < choices - 1:
-            continue  # too few distinct answers to build this item
-        options = [record["answer"], *picked]
+    for i in range(len(records)) if indices is None else indices:
+        record, rng = records[i], record_rng(seed, "mc", i)
+        picked = same[record.get("qtype")].distinct(rng, record["answer"], choices - 1, [])
+        options = [record["answer"], *anywhere.distinct(rng, record["answer"], choices - 1, picked)]
         rng.shuffle(options)
         items.append({
             "question": record["question"], "qtype": record.get("qtype"), "choices": options,

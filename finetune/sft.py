@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import re
 import shutil
 import tempfile
@@ -51,7 +50,7 @@ from finetune.sft_data import Example, guidance, read_jsonl
 from forge import ForgeError
 from forge.config import ForgeConfig, SFTConfig
 from forge.io import atomic_path, atomic_write_json, atomic_write_jsonl
-from forge.lineage import Stage, run_stage
+from forge.lineage import Stage, require_reads, run_stage
 from forge.paths import run_dir
 from models import TOKENIZER_FILES
 from pretrain.qa import records
@@ -94,6 +93,7 @@ def base_model_dir(cfg: ForgeConfig) -> Path:
 def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     """Fine-tune the base model on the run's Q&A set; export the merged model and the adapter."""
     refuse_wrong_domain(cfg, source_kind(cfg)[0])  # first: a Q&A set of the wrong domain is refused outright
+    require_reads(cfg, "sft", ["qa", *([] if cfg.sft.base_model else ["pretrain"])])
     base = base_model_dir(cfg)
     qa = qa_set(cfg)
     inputs = {"base": base, "data": qa.train, "held_out": qa.held_out}
@@ -128,10 +128,9 @@ def training_chat_template(tokenizer: Any) -> str | None:
         return None
     m = found[0]
     if m["eos"] != tokenizer.eos_token:
-        raise ForgeError(
-            f"the chat template ends assistant turns with {m['eos']!r}, not the EOS token {tokenizer.eos_token!r}: "
-            "llama.cpp stops only on EOS, so the turn must end with it"
-        )
+        # a turn that does not end with EOS: another role's (Mistral's "[INST] ... [/INST]" user turn), not Forge's
+        # assistant turn; the renderings then give the mask, and refuse a template whose replies miss the EOS
+        return None
     patched = (
         template[: m.start()]
         + f"{{{{ '{m['role']}' }}}}{{% generation %}}{{{{ message['content'] + '{m['eos']}' }}}}{{% endgeneration %}}"
@@ -168,10 +167,13 @@ def assistant_mask(tokenizer: Any, messages: list[dict[str, str]]) -> dict[str, 
         reply = upto[len(prompt) :]
         end = reply.rfind(eos)
         if end < 0 or message["content"] not in reply[:end]:
+            after = reply.partition(message["content"])[2][:24]
             raise ForgeError(
                 f"the chat template does not end an assistant turn with the EOS token {eos!r} after the reply "
-                f"(it renders {reply[:80]!r}); llama.cpp stops only on EOS. Add {{% generation %}}...{{% endgeneration "
-                "%}} around the reply and its end-of-turn token, or use a template whose turns end with EOS"
+                f"(it renders {reply[:80]!r}, the reply followed by {after!r}); llama.cpp stops only on EOS. Where "
+                "the turn ends with its own token (Gemma's <end_of_turn>, Phi-3's <|end|>), make it the eos_token of "
+                "the base's tokenizer_config.json, as its generation_config.json already stops on it; or add "
+                "{% generation %}...{% endgeneration %} around the reply and its end-of-turn token"
             )
         spans.append((len(prompt), len(prompt) + end + len(eos)))
     encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
@@ -209,13 +211,12 @@ def budget_line(steps: int, trainer: Any, examples: int) -> str:
 def load_data(cfg: ForgeConfig, tokenizer: Any, qa: QASet) -> tuple[list[Example], list[dict[str, Any]], dict]:
     """(training examples, held-out Q&A records with their prompt, data report)."""
     s = cfg.sft
-    train, report = read_jsonl(
-        qa.train, s.system_prompt, lambda m: rendered_lengths(tokenizer, [m])[0], s.max_seq_length
-    )
+    train, report = read_jsonl(  # sft.max_examples chosen first: only the lines it keeps are tokenized
+        qa.train, s.system_prompt, lambda m: rendered_lengths(tokenizer, [m])[0], s.max_seq_length,
+        limit=s.max_examples, seed=cfg.seed,
+    )  # fmt: skip
     result = report.to_dict()
-    if s.max_examples is not None and len(train) > s.max_examples:
-        keep = sorted(random.Random(cfg.seed).sample(range(len(train)), s.max_examples))
-        train = [train[i] for i in keep]
+    if report.beyond_cap:
         result["capped_to"] = s.max_examples
     held_out = records.read_held_out(qa.held_out, s.system_prompt)
     result.update(qa_set=qa.kind, train_examples=len(train), eval_examples=len(held_out), guidance=guidance(len(train)))

@@ -92,3 +92,25 @@ def test_formats_and_system_prompt(tmp_path):
 
 def test_guidance_against_the_usual_range():
     assert "below" in guidance(500) and "within" in guidance(10_000) and "above" in guidance(250_000)
+
+
+def test_a_cap_chooses_the_examples_first_and_measures_only_those(tmp_path):
+    rows = [{"question": f"Q{i}?", "answer": "x " * (400 if i % 10 == 0 else 3)} for i in range(1000)]
+    path = write_lines(tmp_path / "d.jsonl", rows)
+    measured: list[str] = []
+
+    def length(messages):  # what tokenizing costs: counted
+        measured.append(messages[0]["content"])
+        return len(messages[1]["content"])
+
+    examples, report = read_jsonl(path, length=length, max_length=100, limit=50, seed=3)
+    lines = [e.line for e in examples]
+    assert len(examples) == 50 == report.examples and lines == sorted(lines)  # file order
+    assert all(line % 10 != 1 for line in lines)  # never an over-length one (line 1 is row 0)
+    assert len(measured) < 100 and report.beyond_cap == 1000 - len(measured)  # the rest never tokenized
+    assert {s["line"] for s in report.skipped} == {int(q[1:-1]) + 1 for q in measured if int(q[1:-1]) % 10 == 0}
+    again, _ = read_jsonl(path, length=length, max_length=100, limit=50, seed=3)
+    other, _ = read_jsonl(path, length=length, max_length=100, limit=50, seed=4)
+    assert [e.line for e in again] == lines != [e.line for e in other]  # seeded
+    everything, full = read_jsonl(path, length=length, max_length=100, limit=5000, seed=3)
+    assert len(everything) == 900 and full.beyond_cap == 0 and len(full.skipped) == 100  # under the cap: all read
