@@ -64,6 +64,7 @@ def collect(cfg: ForgeConfig, outcome: dict[str, Any]) -> dict[str, Any]:
         "eval": {t: {m["name"]: m for m in e.get("metrics", [])} for t, e in evals.items()},
         "flags": {t: {f["name"]: f for f in e.get("flags", [])} for t, e in evals.items()},
         "qa": read_json_object(stage_file(run, "qa", "report")) or {},
+        "model": model_facts(read_json_object(stage_file(run, "plan", "plan"))),
         "quantize": (read_json_object(stage_file(run, "quantize", "report")) or {}).get("artifacts", {}),
         "gate": read_json_object(stage_file(run, "promote", "decision")),
         "version": read_json_object(stage_file(run, "register", "version")),
@@ -82,7 +83,7 @@ def tables(card: dict[str, Any]) -> list[render.Table]:
         ("Corpus (forge data)", ["", ""], corpus_rows(m["data"])),
         *qa_section(card["qa"]),
         ("Tokenizer", ["", ""], tokenizer_rows(m["tokenizer"])),
-        ("Model, token budget and pretraining", ["", ""], model_rows(m["pretrain"], m["plan"])),
+        ("Model, token budget and pretraining", ["", ""], model_rows(m["pretrain"], m["plan"], card.get("model", {}))),
         ("Evaluation before and after SFT", ["metric", "pretrained", "fine-tuned", "random init", "chance"],
          eval_rows(card["eval"])),
         ("Red flags", ["flag", "pretrained", "fine-tuned"], flag_rows(card["flags"])),
@@ -128,13 +129,24 @@ def tokenizer_rows(tok: dict[str, Any]) -> list[list[str]]:
     return [[k, fmt(tok.get(k))] for k in keys]
 
 
-def model_rows(pre: dict[str, Any], plan: dict[str, Any]) -> list[list[str]]:
-    """Parameters and tokens as trained (as planned, before pretraining has run), and how pretraining went."""
+def model_facts(plan: dict[str, Any] | None) -> dict[str, Any]:
+    """The model's family and where the plan's figures come from (plan.json), or {} before the plan has run."""
+    model = (plan or {}).get("model") or {}
+    keys = ("family", "shape_source", "parameters_source", "activations_source")
+    return {k: model[k] for k in keys if k in model}
+
+
+def model_rows(pre: dict[str, Any], plan: dict[str, Any], model: dict[str, Any]) -> list[list[str]]:
+    """The family, parameters and tokens as trained (as planned, before pretraining has run), where the figures
+    come from, and how pretraining went."""
     params, tokens = pre.get("parameters") or plan.get("parameters"), pre.get("tokens") or plan.get("tokens_planned")
     ratio = (pre["final_val_loss"] / pre["initial_val_loss"]) if pre.get("initial_val_loss") else None
-    return [["parameters", fmt(params)], ["tokens trained", fmt(tokens)],
+    source = f" ({model['parameters_source']})" if params and model.get("parameters_source") else ""
+    return [["family", model.get("family", "-")], ["parameters", fmt(params) + source],
+            ["tokens trained", fmt(tokens)],
             ["tokens per parameter (guidance 20-100)", fmt(tokens / params if params and tokens else None)],
-            ["planned peak memory (GiB)", fmt(plan.get("memory_peak_gib"))],
+            ["planned peak memory (GiB)", fmt(plan.get("memory_peak_gib"))
+             + (f" (activations per layer: {model['activations_source']})" if model.get("activations_source") else "")],
             ["initial -> final val loss", f"{fmt(pre.get('initial_val_loss'))} -> {fmt(pre.get('final_val_loss'))}"
              f" ({fmt(ratio)} of initial)"],
             ["best val perplexity", fmt(pre.get("best_val_ppl"))], ["tokens/s", fmt(pre.get("tokens_per_s"))],

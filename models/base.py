@@ -1,14 +1,16 @@
 """An existing model to start from (`model.init_from`): a local Hugging Face directory or a GGUF file.
 
     base = open_base("/models/SmolLM2-135M-Instruct.Q4_1.gguf")     # or a directory with config.json
-    base.config()                       # the transformers config (its family checked against models/families.py)
-    base.model_shape(context_length)    # a ModelConfig with the base's shape: what plan and pretrain use
+    base.config()                       # the transformers config (a decoder-only causal LM transformers ships)
+    base.model_shape(context_length)    # a ModelShape read off the model (models/shape.py): what plan and pretrain use
     base.tokenizer()                    # the base's own tokenizer (a transformers fast tokenizer)
     base.load_model()                   # the weights, fp32 (a GGUF is dequantized by transformers' gguf loader)
     base.identity()                     # path, kind, sha256 and origin, for manifests and registry tags
 
-Nothing is downloaded: every load is local_files_only with HF_HUB_OFFLINE set. A directory must hold
-model.safetensors (or its shards): pickled checkpoints are never loaded.
+Any family transformers runs as a decoder-only causal LM with its own code is accepted (Qwen, Gemma, Phi, Mistral,
+OLMo...); one whose code comes with the model (trust_remote_code) or that transformers does not know is refused in
+one line naming the family and what is supported. Nothing is downloaded: every load is local_files_only with
+HF_HUB_OFFLINE set. A directory must hold model.safetensors (or its shards): pickled checkpoints are never loaded.
 
 A GGUF's tokenizer, as transformers rebuilds it, keeps the vocabulary and merges but not llama.cpp's pre-tokenizer
 (every BPE vocabulary gets the plain GPT-2 split), so the pre-token boundaries of a model that splits digits one
@@ -26,15 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from forge import ForgeError
-from forge.config import ModelConfig
 from forge.hashing import sha256_tree
-from models.families import FAMILIES, family_of
+from models.shape import ModelShape, check_causal_lm, read_shape, supported
 
-SUPPORTED = (
-    "a local Hugging Face model directory (config.json + model.safetensors + tokenizer files) or a .gguf file; "
-    f"architectures: {', '.join(FAMILIES)} (LlamaForCausalLM-style: SmolLM, TinyLlama, Llama 2/3 shapes; "
-    "GPT2LMHeadModel)"
-)
+KINDS = "a local Hugging Face model directory (config.json + model.safetensors + tokenizer files) or a .gguf file"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
@@ -55,30 +52,39 @@ class Base:
         return {"pretrained_model_name_or_path": str(self.path), **offline}
 
     def _fail(self, what: str, exc: Exception | None = None) -> ForgeError:
-        detail = f" ({type(exc).__name__}: {exc})" if exc else ""
-        return ForgeError(f"{self.field}={self.path}: {what}{detail}; supported: {SUPPORTED}")
+        detail = f" ({type(exc).__name__}: {' '.join(str(exc).split())})" if exc else ""  # one line
+        return ForgeError(f"{self.field}={self.path}: {what}{detail}; supported: {KINDS}")
 
     @cached_property
     def _config(self) -> Any:
+        import json
+
         from transformers import AutoConfig
 
+        where = f"{self.field}={self.path}"
+        if not self.is_gguf:  # read first: transformers would ask for trust_remote_code, or not know the type
+            try:
+                raw = json.loads((self.path / "config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise self._fail("cannot read config.json", exc) from exc
+            check_causal_lm(raw if isinstance(raw, dict) else {}, where)
         try:
             config = AutoConfig.from_pretrained(**self._where())
-        except (OSError, ValueError, KeyError) as exc:
-            raise self._fail("cannot read the model's config", exc) from exc
-        family_of(config, f"{self.field}={self.path}")
+        except (OSError, ValueError, KeyError) as exc:  # a GGUF architecture transformers does not read, too
+            raise self._fail(f"cannot read the model's config; families: {supported()}", exc) from exc
+        check_causal_lm(config.to_dict(), where)
         return config
 
     def config(self) -> Any:
         return self._config
 
-    def model_shape(self, context_length: int | None = None) -> ModelConfig:
-        """The base's shape as a ModelConfig; `context_length` (the training window) at most the base's own."""
-        config = self.config()
+    def model_shape(self, context_length: int | None = None) -> ModelShape:
+        """The base's shape, read off a meta-device instance; `context_length` (the training window) at most the
+        base's own."""
         try:
-            shape = family_of(config).shape_from_hf_config(config)
-        except ValueError as exc:  # a shape Forge's ModelConfig refuses
-            raise self._fail("its shape is not one Forge can train", exc) from exc
+            shape = read_shape(self.config())
+        except (ValueError, TypeError, AttributeError) as exc:  # transformers cannot build it from its config
+            raise self._fail("transformers cannot build the model from its config", exc) from exc
         if context_length is not None and context_length < shape.context_length:
             shape = shape.model_copy(update={"context_length": context_length})
         return shape

@@ -1,20 +1,21 @@
-"""One spec per model family: everything Forge knows about an architecture, in one place.
+"""One spec per family Forge trains from scratch (model.architecture): what cannot be read off a model that does
+not exist yet.
 
-    fam = family(cfg.model.architecture)          # or family_of(hf_config) for a saved / foreign model
+    fam = family(cfg.model.architecture)          # or family_of(hf_config) for Forge's own GGUF writer
     fam.hf_config(cfg.model, vocab, ids)          # the transformers config to build
-    fam.parameter_breakdown(cfg.model, vocab)     # exact parameter counts by part
-    fam.layer_activation_per_token(cfg.model, mixed)   # the plan's activation bytes per token and layer
-    fam.decoder_layers(model)                     # the repeated blocks (FSDP units, gradient checkpointing)
-    fam.shape_from_hf_config(hf_config)           # a ModelConfig with the shape of an existing model
-    fam.gguf_hparams(writer, hf_config); fam.gguf_tensor(name, array, hf_config)   # the GGUF export
+    fam.parameter_breakdown(cfg.model, vocab)     # exact parameter counts by part, without importing torch
+    fam.layer_activation_per_token(cfg.model, mixed)   # the plan's activation bytes per token and layer (measured)
+    fam.gguf_hparams(writer, hf_config); fam.gguf_tensor(name, array, hf_config)   # Forge's own GGUF writer
 
     llama  LlamaForCausalLM: RMSNorm, SwiGLU feed-forward, rotary positions, no biases (Forge's default; also
            SmolLM, TinyLlama, Llama 2/3 shapes with grouped-query attention)
     gpt2   GPT2LMHeadModel: LayerNorm, GELU feed-forward, learned positions, biases, dropout
 
-A family not listed here is refused by `family` / `family_of` with the list of those that are. The few facts the
-config itself needs (each family's default activation, whether it has grouped-query attention) live in
-forge.config.ARCHITECTURES, which this table extends.
+An existing model (model.init_from) of any family, these two included, is read off the model instead
+(models/shape.py): its parameters counted on a meta-device instance, its blocks from its `_no_split_modules`. The
+parameter formulas here equal those counts (tests/test_base_families.py); they stay because `forge plan` on a
+config from scratch then needs no torch. The few facts the config itself needs (each family's default activation,
+whether it has grouped-query attention) live in forge.config.ARCHITECTURES, which this table extends.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 
 from forge import ForgeError
 from forge.config import ARCHITECTURES, ModelConfig
+from models.shape import Shape
 
 QUANT_BLOCK = 256  # llama.cpp K-quants (Q4_K_M...) need rows divisible by 256, else tensors fall back
 
@@ -35,18 +37,8 @@ class Family:
     name: str  # ModelConfig.architecture, the transformers model_type and the GGUF general.architecture
     # Feed-forward width / hidden size of the design, and the band outside which `pretrain.model.validate` warns.
     ffn_rule: tuple[float, float, float]
-    layers_path: str  # attribute path of the decoder layers inside the CausalLM model
     # Bytes per token and hidden unit the plan counts for the embedding output and the final norm.
     embed_norm_bytes: int
-
-    def decoder_layers(self, model: Any) -> list[Any]:
-        """The repeated blocks of a transformers model of this family (a peft wrapper is looked through)."""
-        obj = model.get_base_model() if hasattr(model, "get_base_model") else model
-        for part in self.layers_path.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                raise ForgeError(f"{type(model).__name__} has no {self.layers_path}: not a {self.name} model")
-        return list(obj)
 
     # the subclasses fill these in
     def warnings(self, m: ModelConfig) -> list[str]:
@@ -58,10 +50,7 @@ class Family:
     def parameter_breakdown(self, m: ModelConfig, vocab: int) -> dict[str, int]:
         raise NotImplementedError
 
-    def layer_activation_per_token(self, m: ModelConfig, mixed: bool, math_path: bool) -> float:
-        raise NotImplementedError
-
-    def shape_from_hf_config(self, config: Any) -> ModelConfig:
+    def layer_activation_per_token(self, m: Shape, mixed: bool, math_path: bool) -> float:
         raise NotImplementedError
 
     def shape(self, config: Any) -> tuple[int, int, int]:
@@ -106,29 +95,12 @@ class Llama(Family):
         head = 0 if m.tie_word_embeddings else vocab * h
         return {"embeddings": vocab * h, "layers": m.num_layers * per_layer, "final_norm": h, "output_head": head}
 
-    def layer_activation_per_token(self, m: ModelConfig, mixed: bool, math_path: bool) -> float:
+    def layer_activation_per_token(self, m: Shape, mixed: bool, math_path: bool) -> float:
         h, ff = m.hidden_size, m.intermediate_size
         per_token = (34 * h + 8 * ff) if mixed else (40 * h + 16 * ff)
         if mixed and m.dropout > 0 and math_path:
             per_token += 6 * h  # dropout masks and the un-fused attention's extra copies
         return per_token
-
-    def shape_from_hf_config(self, config: Any) -> ModelConfig:
-        for flag in ("attention_bias", "mlp_bias"):
-            if getattr(config, flag, False):
-                raise ForgeError(f"a llama model with {flag}=true is not supported (Forge's llama has no biases)")
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        if head_dim * config.num_attention_heads != config.hidden_size:
-            raise ForgeError(f"a llama model with head_dim={head_dim} != hidden_size / heads is not supported")
-        return ModelConfig(
-            architecture="llama", vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-            num_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-            num_key_value_heads=config.num_key_value_heads or config.num_attention_heads,
-            intermediate_size=config.intermediate_size, context_length=config.max_position_embeddings,
-            activation=config.hidden_act, dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)), rope_theta=rope_theta(config),
-            initializer_range=getattr(config, "initializer_range", 0.02),
-        )  # fmt: skip
 
     def shape(self, config: Any) -> tuple[int, int, int]:
         heads = config.num_attention_heads
@@ -190,22 +162,12 @@ class GPT2(Family):
             "output_head": 0 if m.tie_word_embeddings else vocab * h,
         }
 
-    def layer_activation_per_token(self, m: ModelConfig, mixed: bool, math_path: bool) -> float:
+    def layer_activation_per_token(self, m: Shape, mixed: bool, math_path: bool) -> float:
         h, ff = m.hidden_size, m.intermediate_size
         per_token = (24 * h + 10 * ff) if mixed else (40 * h + 20 * ff)
         if mixed and m.dropout > 0:
             per_token += 6 * h  # dropout masks (residual and attention)
         return per_token
-
-    def shape_from_hf_config(self, config: Any) -> ModelConfig:
-        return ModelConfig(
-            architecture="gpt2", vocab_size=config.vocab_size, hidden_size=config.n_embd, num_layers=config.n_layer,
-            num_attention_heads=config.n_head, intermediate_size=config.n_inner or 4 * config.n_embd,
-            context_length=config.n_positions, activation=config.activation_function,
-            dropout=float(config.resid_pdrop or 0.0),
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
-            initializer_range=getattr(config, "initializer_range", 0.02),
-        )  # fmt: skip
 
     def shape(self, config: Any) -> tuple[int, int, int]:
         return config.n_layer, config.n_head, config.n_head
@@ -230,8 +192,8 @@ class GPT2(Family):
 
 # gpt2: 4x. llama: 8/3x rounded up to a multiple of 256 (Llama 1/2 land at 2.69-2.75x, Llama 3 uses 3.5x).
 FAMILIES: dict[str, Family] = {
-    "llama": Llama("llama", (8 / 3, 2.5, 3.5), "model.layers", 12),
-    "gpt2": GPT2("gpt2", (4.0, 3.5, 4.5), "transformer.h", 8),
+    "llama": Llama("llama", (8 / 3, 2.5, 3.5), 12),
+    "gpt2": GPT2("gpt2", (4.0, 3.5, 4.5), 8),
 }
 assert set(FAMILIES) == set(ARCHITECTURES), "forge.config.ARCHITECTURES and FAMILIES must name the same families"
 
@@ -243,12 +205,14 @@ def family(name: str) -> Family:
 
 
 def family_of(config: Any, where: str = "the model") -> Family:
-    """The family of a transformers config (its model_type), or a ForgeError naming `where` and what is supported."""
+    """The spec of a transformers config's family (its model_type), for Forge's own GGUF writer; a ForgeError naming
+    `where` and the families that have a spec otherwise."""
     model_type = getattr(config, "model_type", None)
     if model_type not in FAMILIES:
         raise ForgeError(
-            f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(FAMILIES)} "
-            "(LlamaForCausalLM-style models such as SmolLM, TinyLlama, Llama 2/3; GPT-2-style GPT2LMHeadModel)"
+            f"{where}: model_type {model_type!r} has no spec in models/families.py; those with one: "
+            f"{', '.join(FAMILIES)} (LlamaForCausalLM-style models such as SmolLM, TinyLlama, Llama 2/3; GPT-2-style "
+            "GPT2LMHeadModel)"
         )
     return FAMILIES[model_type]
 

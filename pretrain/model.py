@@ -4,6 +4,7 @@ checkpoints with no conversion. What differs between the families (llama, gpt2) 
     warnings = validate(cfg.model, vocab_size=tokenizer_size)   # errors raise ForgeError, the rest are returned
     n = count_parameters(cfg.model, vocab_size)                 # exact, without building anything
     model = build_model(cfg.model, vocab_size)                  # random init; device="meta" allocates nothing
+    m = model_config(cfg)          # the shape the run trains: cfg.model, or a base's ModelShape (models/shape.py)
 
 Special tokens follow the tokenizer stage: [PAD]=0, [UNK]=1, [BOS]=2, [EOS]=3.
 """
@@ -15,15 +16,17 @@ from typing import Any
 from forge import ForgeError
 from forge.config import ForgeConfig, ModelConfig
 from models.families import QUANT_BLOCK, family
+from models.shape import FORMULA, ModelShape, Shape
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 GOOD_HEAD_DIMS = (64, 128)  # what fused attention kernels and most inference engines are tuned for
 
 
-def model_config(cfg: ForgeConfig) -> ModelConfig:
-    """The shape the run trains: `cfg.model`, or with model.init_from the base's, read from its config.json (or
-    the GGUF's metadata), with model.context_length as the training window when it is below the base's own."""
+def model_config(cfg: ForgeConfig) -> Shape:
+    """The shape the run trains: `cfg.model`, or with model.init_from the base's, read off the model (a meta-device
+    instance of its config.json or GGUF metadata), with model.context_length as the training window when it is
+    below the base's own."""
     if cfg.model.init_from is None:
         return cfg.model
     from models.base import open_base
@@ -50,12 +53,15 @@ def resolve_vocab(model_cfg: ModelConfig, vocab_size: int | None = None) -> int:
     return size
 
 
-def validate(model_cfg: ModelConfig, vocab_size: int | None = None) -> list[str]:
+def validate(model_cfg: Shape, vocab_size: int | None = None) -> list[str]:
     """Check a model config against the tokenizer and the conventions; raise ForgeError on what cannot work.
 
     Shape errors (heads not dividing the hidden size, negative sizes...) are already refused when the config is
-    loaded; this adds the vocabulary check and returns warnings for what works but costs speed or quality.
+    loaded; this adds the vocabulary check and returns warnings for what works but costs speed or quality. A base's
+    shape is what it is: nothing to advise on.
     """
+    if isinstance(model_cfg, ModelShape):
+        return []
     vocab = resolve_vocab(model_cfg, vocab_size) if (vocab_size or model_cfg.vocab_size) else None
     m = model_cfg
     warnings = []
@@ -110,26 +116,36 @@ def hf_config(
 
 
 def build_model(
-    model_cfg: ModelConfig,
+    model_cfg: Shape,
     vocab_size: int | None = None,
     device: Any = None,
     attn_implementation: str = "sdpa",
     **token_ids: int,
 ) -> Any:
-    """A randomly initialised causal LM. `device="meta"` builds the structure without allocating any weights."""
+    """A randomly initialised causal LM (of a base's shape: its config, random weights). `device="meta"` builds the
+    structure without allocating any weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = hf_config(model_cfg, vocab_size, **token_ids)
+    config = model_cfg.config if isinstance(model_cfg, ModelShape) else hf_config(model_cfg, vocab_size, **token_ids)
     with torch.device(device or "cpu"):
         return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
 
 
-def count_parameters(model_cfg: ModelConfig, vocab_size: int | None = None) -> int:
+def count_parameters(model_cfg: Shape, vocab_size: int | None = None) -> int:
     """The exact number of trainable parameters of `build_model`, from the config alone (tied weights once)."""
     return sum(parameter_breakdown(model_cfg, vocab_size).values())
 
 
-def parameter_breakdown(model_cfg: ModelConfig, vocab_size: int | None = None) -> dict[str, int]:
-    """Parameters by part: embeddings (token + learned positions), transformer layers, final norm, output head."""
+def parameter_breakdown(model_cfg: Shape, vocab_size: int | None = None) -> dict[str, int]:
+    """Parameters by part: embeddings (token + learned positions), transformer layers, final norm (with a base:
+    every other weight), output head. A base's were counted on the model, for its own embedding rows (`vocab_size`
+    is not used: the tokenizer of a base never resizes it)."""
+    if isinstance(model_cfg, ModelShape):
+        return dict(model_cfg.parts)
     return family(model_cfg.architecture).parameter_breakdown(model_cfg, resolve_vocab(model_cfg, vocab_size))
+
+
+def parameters_source(model_cfg: Shape) -> str:
+    """Where the parameter counts come from: counted on a base's model, or the family's formula."""
+    return model_cfg.parameters_source if isinstance(model_cfg, ModelShape) else FORMULA

@@ -33,6 +33,10 @@ fsdp: see the last point):
   decoder layer, or the embeddings and head), gathered with the next one prefetched, plus that unit's full fp32
   gradient before its reduce-scatter: unit x (2 x 2 + 4) bytes mixed, unit x (2 x 4 + 4) fp32. Activations are
   not sharded (they scale with the micro-batch, as under DDP).
+* A base (model.init_from) of any family is read off the model (models/shape.py): its shape from its config, its
+  parameters by part counted on a meta-device instance, its layers from its `_no_split_modules`. Its activations
+  are llama's formula on its sizes (unless it is a llama or gpt2): an estimate. The plan names the family and the
+  source of each figure: "counted on the model (meta device)", or "formula (models/families.py)" from scratch.
 * Disk: about 4 bytes of raw text per token (10B tokens ~ 40 GB), token shards 2 bytes per token (uint16 ids
   while the vocabulary is below 65,536), a resumable checkpoint 4 (fp32 weights) + 8 (AdamW) bytes per parameter.
 
@@ -48,14 +52,15 @@ from pathlib import Path
 from typing import Any
 
 from forge import ForgeError
-from forge.config import ForgeConfig, ModelConfig, TrainConfig
+from forge.config import ForgeConfig, TrainConfig
 from forge.io import atomic_write_json, atomic_write_text
 from forge.lineage import Stage, completed_manifest, run_stage
 from forge.paths import run_dir
+from models.shape import ModelShape, Shape
 from pretrain.hardware import GIB, Hardware, hardware_profile, resolve_precision
 from pretrain.hardware import flops_per_token as training_flops_per_token
-from pretrain.memory import activation_breakdown, memory_estimate, state_bytes_per_param
-from pretrain.model import count_parameters, model_config, parameter_breakdown, validate
+from pretrain.memory import activation_breakdown, activation_source, memory_estimate, state_bytes_per_param
+from pretrain.model import count_parameters, model_config, parameter_breakdown, parameters_source, validate
 
 GB = 1e9
 TEXT_BYTES_PER_TOKEN = 4.0  # the usual rule of thumb for English text with a BPE tokenizer (~4 characters a token)
@@ -99,8 +104,8 @@ def estimate(cfg: ForgeConfig, hardware: str | None = None, attention: str = "sd
     m, t = model_config(cfg), cfg.train  # with model.init_from: the base's shape, from its config
     hw = hardware_profile(cfg.plan, hardware)
     train_tokens, trained_vocab, tokens_source = corpus_tokens(cfg)
-    untrained_vocab = m.vocab_size if cfg.model.init_from else cfg.tokenizer.vocab_size  # a base's is its own
-    vocab = trained_vocab if trained_vocab is not None else untrained_vocab
+    # a base's vocabulary is its embedding rows (its tokenizer may have fewer tokens; the logits have every row)
+    vocab = m.vocab_size if isinstance(m, ModelShape) else trained_vocab or cfg.tokenizer.vocab_size
     warnings = validate(m, vocab)
     precision = resolve_precision(t.precision, hw)
     if hw.kind == "cpu" and precision != "fp32":
@@ -119,15 +124,25 @@ def estimate(cfg: ForgeConfig, hardware: str | None = None, attention: str = "sd
     }  # fmt: skip
 
 
-def model_summary(m: ModelConfig, vocab: int, n: int) -> dict[str, Any]:
-    """The model's shape and its n parameters, by part."""
-    return {"architecture": m.architecture, "vocab_size": vocab, "hidden_size": m.hidden_size,
-            "num_layers": m.num_layers, "num_attention_heads": m.num_attention_heads,
+def model_summary(m: Shape, vocab: int, n: int) -> dict[str, Any]:
+    """The model's family and shape, its n parameters by part, and where each figure comes from."""
+    base = isinstance(m, ModelShape)
+    return {"architecture": m.architecture, "family": family_line(m), "vocab_size": vocab,
+            "hidden_size": m.hidden_size, "num_layers": m.num_layers, "num_attention_heads": m.num_attention_heads,
             "intermediate_size": m.intermediate_size, "context_length": m.context_length,
-            "parameters": n, "parameter_breakdown": parameter_breakdown(m, vocab)}  # fmt: skip
+            "shape_source": "read off the base" if base else "model.* settings",
+            "parameters": n, "parameter_breakdown": parameter_breakdown(m, vocab),
+            "parameters_source": parameters_source(m), "activations_source": activation_source(m)}  # fmt: skip
 
 
-def token_budget(cfg: ForgeConfig, m: ModelConfig, n: int, corpus: int | None, source: str) -> dict[str, Any]:
+def family_line(m: Shape) -> str:
+    """The family in words: the transformers model_type, and the class a base loads as."""
+    if isinstance(m, ModelShape):
+        return f"{m.architecture} ({m.model_class}, a base: model.init_from)"
+    return f"{m.architecture} (from scratch: model.architecture)"
+
+
+def token_budget(cfg: ForgeConfig, m: Shape, n: int, corpus: int | None, source: str) -> dict[str, Any]:
     """The planned tokens (plan.target_tokens, else the steps' worth) against TOKENS_PER_PARAM and the corpus."""
     t = cfg.train
     global_batch_tokens = t.micro_batch_size * t.grad_accum_steps * cfg.plan.num_gpus * m.context_length
@@ -167,7 +182,7 @@ def fsdp_shards(cfg: ForgeConfig) -> int | None:
 class Workload:
     """What a GPU's peak memory depends on besides the micro-batch size and gradient checkpointing."""
 
-    m: ModelConfig
+    m: Shape
     vocab: int
     hw: Hardware
     precision: str
@@ -255,7 +270,7 @@ def largest_model(work: Workload, usable: float) -> float:
     return max(spare, 0) / state_per_param
 
 
-def time_estimate(cfg: ForgeConfig, m: ModelConfig, vocab: int, hw: Hardware, planned: int) -> dict[str, Any]:
+def time_estimate(cfg: ForgeConfig, m: Shape, vocab: int, hw: Hardware, planned: int) -> dict[str, Any]:
     """Training time at the MFU the pretrain stage measured, else plan.mfu; checkpointing recomputes the forward."""
     flops_per_token = training_flops_per_token(m, vocab)
     recompute = 8 / 6 if cfg.train.gradient_checkpointing else 1.0
@@ -315,11 +330,12 @@ def render_text(plan: dict[str, Any]) -> str:
     lines = [
         f"plan for run {plan['run']} on {hw['label']} x{tm['num_gpus']}",
         "",
-        f"model       {m['architecture']}  hidden {m['hidden_size']}, {m['num_layers']} layers, "
-        f"{m['num_attention_heads']} heads, ff {m['intermediate_size']}, context {m['context_length']}, "
-        f"vocab {m['vocab_size']}",
+        f"family      {m.get('family', m['architecture'])}",
+        f"model       hidden {m['hidden_size']}, {m['num_layers']} layers, {m['num_attention_heads']} heads, "
+        f"ff {m['intermediate_size']}, context {m['context_length']}, vocab {m['vocab_size']}"
+        f"; {m.get('shape_source', 'model.* settings')}",
         f"parameters  {n:,} ({_count(n)}; embeddings {_count(m['parameter_breakdown']['embeddings'])}, "
-        f"layers {_count(m['parameter_breakdown']['layers'])})",
+        f"layers {_count(m['parameter_breakdown']['layers'])}; {m.get('parameters_source', 'formula')})",
         "",
         f"tokens      recommended {_count(tok['recommended_min'])}-{_count(tok['recommended_max'])} "
         f"({TOKENS_PER_PARAM[0]}x-{TOKENS_PER_PARAM[1]}x parameters)",
@@ -339,7 +355,7 @@ def render_text(plan: dict[str, Any]) -> str:
         f"master + m + v at 12 B/param: {_gib(mem['optimizer_state_mixed_precision'])})",
         f"  activations        {_gib(sum(act.values()))}  (layers {_gib(act['layers'])}, logits and loss "
         f"{_gib(act['logits_and_loss'] + act['loss_backward_transient'])}, embeddings/norm "
-        f"{_gib(act['embeddings_and_norm'])})",
+        f"{_gib(act['embeddings_and_norm'])}; per layer: {m.get('activations_source', 'formula')})",
         f"     without / with gradient checkpointing: {_gib(mem['activations_without_checkpointing'])} / "
         f"{_gib(mem['activations_with_checkpointing'])}",
         f"  FSDP gathered unit {_gib(mem['fsdp_gathered'])}  (one layer's 16-bit copy + prefetch, its fp32 grads)"

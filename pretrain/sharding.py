@@ -3,9 +3,11 @@
 ddp   Accelerate wraps the model in DistributedDataParallel: every process holds the whole model, its gradients
       and the AdamW states; the gradients are all-reduced after the last micro-batch of each step.
 fsdp  PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`): each decoder layer is one unit and the root (the
-      embeddings, the final norm and the tied head) another. Every process keeps 1/N of each unit's parameters,
-      gradients and AdamW states (DTensors sharded on dim 0); a unit's whole weights are all-gathered just before
-      its forward and its backward and freed after, and its gradients are reduce-scattered back to the shards.
+      embeddings, the final norm and the tied head) another. The layers are the modules of the classes the model
+      itself names in `_no_split_modules` (models/shape.py), so any family shards the same way. Every process
+      keeps 1/N of each unit's parameters, gradients and AdamW states (DTensors sharded on dim 0); a unit's whole
+      weights are all-gathered just before its forward and its backward and freed after, and its gradients are
+      reduce-scattered back to the shards.
       With train.precision=bf16 the gathered weights are bf16 (the shards stay fp32, the master copy) and the
       gradients are reduced in fp32. Memory per GPU: `forge plan --set train.sharding=fsdp --set plan.num_gpus=N`.
 
@@ -61,10 +63,11 @@ def shard(model: torch.nn.Module, device_type: str, precision: str) -> None:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks of the transformers model (llama's model.layers, gpt2's transformer.h)."""
-    from models.families import family_of
+    """The repeated blocks of the transformers model: the classes of its `_no_split_modules` (llama's
+    LlamaDecoderLayer, gpt2's GPT2Block, qwen3's Qwen3DecoderLayer...)."""
+    from models.shape import decoder_layers as blocks
 
-    return family_of(model.config, "train.sharding=fsdp").decoder_layers(model)
+    return blocks(model)
 
 
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> float:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from forge import ForgeError
 from forge.config import ForgeConfig, TrainConfig
 from forge.lineage import Stage
 from forge.paths import run_dir
@@ -129,7 +130,7 @@ def build_trainer(stage: Stage, accelerator, key: dict[str, Any], data: Data) ->
     vocab = model.config.vocab_size  # a base may have more embedding rows than its tokenizer has tokens
     model.config.use_cache = False
     if tcfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_layers(model)
     n_params = count_parameters(mcfg, vocab)
     model, optimizer, sharded = prepare(model, tcfg, accelerator, precision)
     raw_model = accelerator.unwrap_model(model)
@@ -145,6 +146,17 @@ def build_trainer(stage: Stage, accelerator, key: dict[str, Any], data: Data) ->
         sharded, vocab, n_params, held, flops_per_token(mcfg, vocab), peak, ValRise(tcfg.val_rise_patience),
         LossSpikes(tcfg.spike_window, tcfg.spike_zscore), MetricsLog(stage.dir / METRICS, accelerator.is_main_process),
     )  # fmt: skip
+
+
+def checkpoint_layers(model: Any) -> None:
+    """Gradient checkpointing of each decoder layer, as transformers does it for the family (its layers, the
+    classes of `_no_split_modules`, are the checkpointed blocks); a family without it is refused with the fix."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ForgeError(
+            f"train.gradient_checkpointing=true: {type(model).__name__} has no gradient checkpointing in "
+            "transformers; set train.gradient_checkpointing=false (forge plan shows the memory without it)"
+        )
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def prepare(model: torch.nn.Module, tcfg: TrainConfig, accelerator, precision: str):

@@ -60,7 +60,7 @@ def export(best_dir: Path, out: Path, cfg: ForgeConfig, vocab: int, ids: dict[st
     """Write the best weights as a transformers model directory, with the tokenizer and a generation config."""
     from transformers import GenerationConfig
 
-    from models.families import family_of
+    from models.shape import context_length
 
     if not (best_dir / "model.safetensors").is_file():
         raise ForgeError(f"no best checkpoint in {best_dir}: the run evaluated nothing to export")
@@ -69,7 +69,7 @@ def export(best_dir: Path, out: Path, cfg: ForgeConfig, vocab: int, ids: dict[st
     model.config.use_cache = True
     model.generation_config = GenerationConfig(
         bos_token_id=ids.get("bos"), eos_token_id=ids.get("eos"), pad_token_id=ids.get("pad"),
-        max_length=family_of(model.config).shape_from_hf_config(model.config).context_length,  # a base's whole context
+        max_length=context_length(model.config),  # a base's whole context
     )  # fmt: skip
     with atomic_path(out) as tmp:
         model.save_pretrained(tmp)

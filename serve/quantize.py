@@ -6,7 +6,8 @@
 
 Reads `runs/<run>/sft/model/` (or `runs/<run>/pretrain/model/`) and the test split's token shard
 `runs/<run>/tokenizer/shards/test.bin`; writes into `runs/<run>/quantize/`:
-  model-f16.gguf             our own export (serve/gguf_export.py); always written: it is the quantizer's input
+  model-f16.gguf             llama.cpp's converter for a model.init_from base (serve/gguf_convert.py), else our
+                             own export (serve/gguf_export.py); always written: it is the quantizer's input
   model-<type>.gguf          llama.cpp's quantizer (`llama_cpp.llama_model_quantize`), per `quantize.gguf_types`
   quantize.json, report.md   the fidelity and cost report, per artifact: size, test-split perplexity and its drift
                              from the unquantized model (HF fp32) and from f16, greedy-generation agreement with the
@@ -40,10 +41,11 @@ import numpy as np
 from forge import ForgeError
 from forge.config import ForgeConfig
 from forge.io import atomic_write_json, atomic_write_text
-from forge.lineage import Stage, candidate_model, run_stage
+from forge.lineage import Stage, candidate_model, require_reads, run_stage
 from forge.paths import run_dir
 from models.access import Backend, GGUFBackend, HFBackend
 from models.gguf import check_gguf
+from serve.gguf_convert import convert_to_gguf
 from serve.gguf_export import export_gguf
 
 log = logging.getLogger("forge.quantize")
@@ -311,7 +313,10 @@ def _measure_gguf(stage: Stage, ev: Evaluator, model_dir: Path, type_name: str, 
     path = stage.dir / f"model-{type_name}.gguf"
     start = time.time()
     if type_name == "f16":
-        export_gguf(model_dir, path, outtype="f16", name=f"{stage.cfg.run_name}-f16")
+        # A published base's family and tokenizer (model.init_from) go through llama.cpp's own converter, which knows
+        # every family; Forge's writer stays for the tokenizer Forge trained, whose vocabulary no converter hash knows.
+        export = convert_to_gguf if stage.cfg.model.init_from else export_gguf
+        export(model_dir, path, outtype="f16", name=f"{stage.cfg.run_name}-f16")
         info = check_gguf(path)
     else:
         info = quantize_gguf(stage.dir / "model-f16.gguf", path, type_name, threads=ev.threads)
@@ -446,8 +451,9 @@ def report_markdown(report: dict[str, Any]) -> str:
 def run(cfg: ForgeConfig, force: bool = False, target: str = "auto") -> dict[str, Any]:
     """Export and quantize the run's model, measure every artifact, write quantize.json and report.md."""
     types = check_types(cfg.quantize.gguf_types)
-    model_dir = candidate_model(cfg, target)[1]
-    eval_token_ids(cfg)  # fail before any work when the test split is missing
+    model_stage, model_dir = candidate_model(cfg, target)
+    require_reads(cfg, "quantize", [model_stage, "tokenizer"])  # the test split's token ids measure the drift
+    eval_token_ids(cfg)
     test_split = run_dir(cfg) / "tokenizer" / "shards" / "test.bin"
     stage = Stage(
         name="quantize",
