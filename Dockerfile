@@ -180,7 +180,6 @@ USER 10001
 # ---- serve-gpu: vLLM on a CUDA base image (torch comes with vLLM, pinned by it) and the registry client. No chat UI
 # (gradio and vLLM pin incompatible pillows): serve-cpu's `forge chat` fronts this server over HTTP.
 FROM ${GPU_BASE_IMAGE} AS serve-gpu
-ARG VLLM_VERSION=0.33.0
 ARG PIP_CERT
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -202,8 +201,9 @@ RUN apt-get update \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin forge \
     && mkdir -p /app/runs && chown forge:forge /app/runs
 WORKDIR /app
-COPY docker/requirements-serve.txt /tmp/requirements-serve.txt
-RUN pip install "vllm==${VLLM_VERSION}" -r /tmp/requirements-serve.txt && rm /tmp/requirements-serve.txt
+# vLLM (docker/requirements-serve-gpu.txt), its CUDA torch and the rest, each file checked against its sha256
+COPY docker/requirements-serve-gpu.lock /tmp/requirements-serve-gpu.lock
+RUN pip install --require-hashes -r /tmp/requirements-serve-gpu.lock && rm /tmp/requirements-serve-gpu.lock
 COPY --from=src /src /tmp/forge-src
 RUN pip install --no-deps /tmp/forge-src && mv /tmp/forge-src/configs /app/configs \
     && mv /tmp/forge-src/bin/entrypoint.sh /tmp/forge-src/bin/healthcheck.py /usr/local/bin/ && rm -rf /tmp/forge-src

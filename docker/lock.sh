@@ -7,6 +7,8 @@
 #   docker/requirements-train.lock      the dependencies and ray, benchmarks, cjk: the train image
 #   docker/requirements-serve-cpu.lock  requirements-serve.txt + requirements-chat.txt: the serve-cpu image
 #   docker/requirements-mlflow.lock     requirements-mlflow.txt: the mlflow image
+#   docker/requirements-serve-gpu.lock  requirements-serve-gpu.txt (vLLM) + requirements-serve.txt: the serve-gpu image,
+#                                       for its Python 3.12, with vLLM's own CUDA torch (not the dev lock's versions)
 #
 #   bash docker/lock.sh            # after changing a requirement: the versions already locked are kept where they fit
 #   UPGRADE=1 bash docker/lock.sh  # every package to its newest allowed version
@@ -42,6 +44,7 @@ compile() {  # OUTPUT INPUT... [uv flags]: one lock, written under a temp name a
         --find-links "$torch_wheels" --find-links "$(dirname "$llama_wheel")" -c "$tmp/torch.txt" \
         --no-emit-package torch --no-emit-package llama-cpp-python --no-header --annotation-style line \
         ${UPGRADE:+--upgrade} -o "$tmp/out" "$@"
+    sed -i "s#$tmp/##g" "$tmp/out"  # annotations name the constraints file, not the temp directory it was in
     mv "$tmp/out" "$out"
     echo "$out: $(grep -c '^[A-Za-z0-9]' "$out") packages" >&2
 }
@@ -51,3 +54,12 @@ sed -n 's/^\([A-Za-z0-9][^ ]*==[^ ]*\).*/\1/p' requirements.lock > "$tmp/pins.tx
 compile docker/requirements-train.lock pyproject.toml --extra ray --extra benchmarks --extra cjk -c "$tmp/pins.txt"
 compile docker/requirements-serve-cpu.lock docker/requirements-serve.txt docker/requirements-chat.txt -c "$tmp/pins.txt"
 compile docker/requirements-mlflow.lock docker/requirements-mlflow.txt -c "$tmp/pins.txt"
+gpu_lock() {  # vLLM pins its torch and transformers: resolved on its own, for the CUDA image's Python, torch included
+    [ -f docker/requirements-serve-gpu.lock ] && cp docker/requirements-serve-gpu.lock "$tmp/gpu"
+    "$uv" pip compile --quiet --generate-hashes --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
+        --no-header --annotation-style line ${UPGRADE:+--upgrade} -o "$tmp/gpu" \
+        docker/requirements-serve-gpu.txt docker/requirements-serve.txt
+    mv "$tmp/gpu" docker/requirements-serve-gpu.lock
+    echo "docker/requirements-serve-gpu.lock: $(grep -c '^[A-Za-z0-9]' docker/requirements-serve-gpu.lock) packages" >&2
+}
+gpu_lock

@@ -57,6 +57,15 @@ CASES = {
     "docker/requirements-serve-cpu.lock": lambda: _file_requirements("requirements-serve.txt", "requirements-chat.txt"),
     "docker/requirements-mlflow.lock": lambda: _file_requirements("requirements-mlflow.txt"),
 }
+GPU_LOCK = "docker/requirements-serve-gpu.lock"  # vLLM's own torch and transformers: not the dev lock's versions
+
+
+def test_the_gpu_image_lock_pins_vllm_its_torch_and_the_serving_requirements():
+    pins = _pins(ROOT / GPU_LOCK)
+    for req in _file_requirements("requirements-serve-gpu.txt", "requirements-serve.txt"):
+        name = canonicalize_name(req.name)
+        assert name in pins and req.specifier.contains(pins[name], prereleases=True), f"{GPU_LOCK}: {req}: make lock"
+    assert "torch" in pins and "uvicorn" in pins and "httpx" in pins  # vLLM's torch; what the gateway runs on
 
 
 @pytest.mark.parametrize("lock", sorted(CASES))
