@@ -374,6 +374,11 @@ def _build_base(stage: Stage, shards: dict[str, list[Path]], base: Any) -> dict[
     tokenizer = base.tokenizer()
     with tempfile.TemporaryDirectory(dir=stage.dir.parent, prefix=".tokenizer-save-") as tmp:
         tokenizer.save_pretrained(tmp)
+        spm = base.path / "tokenizer.model"
+        if not base.is_gguf and spm.is_file() and not (Path(tmp) / spm.name).exists():
+            # a fast tokenizer saves no SentencePiece model, and llama.cpp's converter reads a Gemma's, a Phi-3's or
+            # a Mistral's vocabulary from it: the base's own file goes along
+            (Path(tmp) / spm.name).write_bytes(spm.read_bytes())
         saved = sorted(p for p in Path(tmp).iterdir() if p.is_file())
         for path in saved:
             atomic_write_bytes(stage.dir / path.name, path.read_bytes())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from families import FAMILIES, tiny_model
 
@@ -194,6 +195,24 @@ def test_two_steps_of_continued_pretraining(bases, family, isolated_runs):
     assert set(got) == set(base)  # the base's weights, continued: same tensors
     assert metrics["parameters"] == sum(t.numel() for t in base.values())
     assert any(not got[name].equal(base[name]) for name in base)  # and trained
+    gguf_matches_hf(exported, isolated_runs / "cpt")
+
+
+def gguf_matches_hf(model_dir: Path, out: Path) -> None:
+    """The continued model through llama.cpp's converter (f16) and quantizer (Q8_0): next-token logits as the HF
+    model's, within tests/test_gguf_convert.py's tolerances."""
+    from test_gguf_convert import TEXT, TOLERANCE, hf_logits, llama_cpp_logits
+    from transformers import AutoTokenizer
+
+    from serve.gguf_convert import convert_to_gguf
+    from serve.quantize import quantize_gguf
+
+    convert_to_gguf(model_dir, out / "model-f16.gguf")
+    quantize_gguf(out / "model-f16.gguf", out / "model-q8_0.gguf", "q8_0", threads=2)
+    ids = AutoTokenizer.from_pretrained(model_dir)(TEXT)["input_ids"]
+    reference = hf_logits(model_dir, ids)
+    for outtype, tolerance in TOLERANCE.items():
+        assert np.abs(llama_cpp_logits(out / f"model-{outtype}.gguf", ids) - reference).max() < tolerance, outtype
 
 
 # ----------------------------------------------------------------------------------------------------------------
