@@ -215,6 +215,10 @@ class QAConfig(Section):
     # holds out every object whose docstring the data stage put in val or test. Corpus pairs are held out exactly
     # when their document is in val or test, whatever this is.
     eval_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    # With qa.source=corpus: the train pairs kept at most, from a sample of the train documents chosen by a hash of
+    # their ids (the documents of lowest hash whose pairs fit), so a corpus of millions of documents is read in
+    # bounded memory and the rest are not parsed. SFT trains on 10^4-10^5 pairs; held-out documents are all used.
+    max_train_pairs: int | None = Field(200_000, ge=1)
 
     @model_validator(mode="after")
     def _known_source(self) -> QAConfig:

@@ -13,6 +13,13 @@ from pathlib import Path
 from forge import ForgeError
 
 
+def hash_share(text: str) -> float:
+    """Where `text` falls in [0, 1) by a hash of it: a sample of share s is every text below s, the same whatever
+    file or position the text comes in (the tokenizer's training sample, forge qa's documents)."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:

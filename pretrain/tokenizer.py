@@ -25,7 +25,6 @@ assistant role token. No newlines or spaces are added:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import tempfile
@@ -40,7 +39,7 @@ from tokenizers import models as bpe_models  # not the project's models/ package
 
 from forge import ForgeError
 from forge.config import ForgeConfig, TokenizerConfig
-from forge.hashing import sha256_file
+from forge.hashing import hash_share, sha256_file
 from forge.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from forge.lineage import Stage, require_reads, run_stage
 from forge.paths import run_dir
@@ -139,16 +138,9 @@ def train_texts(shards: list[Path], sample_bytes: int | None, desc: str = "token
     with progress(total=doc_count(shards), desc=desc, unit="doc", logger=log) as bar:
         for batch in iter_text_batches(shards):
             bar.update(len(batch))
-            kept = batch if share >= 1.0 else [text for text in batch if in_sample(text, share)]
+            kept = batch if share >= 1.0 else [text for text in batch if hash_share(text) < share]
             if kept:
                 yield kept
-
-
-def in_sample(text: str, share: float) -> bool:
-    """Whether a document is in a sample of `share` of the corpus: by a hash of its text, so the same document is
-    in it whatever file or position it comes in."""
-    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") < share * 2**64
 
 
 def doc_count(shards: list[Path]) -> int:

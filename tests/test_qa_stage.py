@@ -109,6 +109,31 @@ def test_corpus_pairs_are_text_of_their_split_and_held_out_only_from_val_and_tes
     assert again["outputs"]["qa_train.jsonl"] == manifest["outputs"]["qa_train.jsonl"]
 
 
+def test_a_cap_on_train_pairs_keeps_the_lowest_hash_documents_and_every_held_out_pair(manual, isolated_runs):
+    from forge.hashing import hash_share
+
+    cfg = corpus_cfg(manual)
+    data_stage.run(cfg)
+    qa_stage.run(cfg)
+    run = isolated_runs / "m"
+    train, held = read_jsonl(run / "qa" / "qa_train.jsonl"), read_jsonl(run / "qa" / "qa_eval.jsonl")
+    cap = len(train) // 3
+    capped = qa_stage.run(corpus_cfg(manual, max_train_pairs=cap))
+    assert capped["metrics"]["train_pairs"] <= cap
+    kept = read_jsonl(run / "qa" / "qa_train.jsonl")
+    # held-out documents are all read: every held-out pair is still there (a few more may be, as an answer that
+    # fewer sampled documents carry is not boilerplate)
+    assert {(p["question"], p["answer"]) for p in held} <= {
+        (p["question"], p["answer"]) for p in read_jsonl(run / "qa" / "qa_eval.jsonl")
+    }
+    order = sorted({p["source"]["doc_id"] for p in train}, key=hash_share)
+    chosen = {k["source"]["doc_id"] for k in kept}
+    assert chosen and chosen == set(order[: len(chosen)])  # the documents of lowest id hash, whatever the file order
+    report = json.loads((run / "qa" / "report.json").read_text())
+    assert report["details"]["train_documents_sampled"] >= len(chosen)
+    assert any("qa.max_train_pairs" in reason for reason in report["skipped"])
+
+
 def test_a_users_file_wins_and_its_bad_lines_are_reported(manual, isolated_runs, tmp_path):
     rng = random.Random(1)
     names = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(7)) for _ in range(100)]
