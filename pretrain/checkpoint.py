@@ -18,9 +18,10 @@ code from the file.
 Whole tensors whatever the sharding (train.sharding): under FSDP every process holds a shard of each parameter and
 AdamW state. `full_state` gathers them onto the main process (torch.distributed.checkpoint.state_dict: the one path
 for checkpoints and the best weights, sharded or not); loading reads the files on the main process, broadcasts each
-tensor and every process keeps its part. So a checkpoint resumes on any number of processes, sharded or not, and the
-best weights export as they are. Saving and loading are collective under torch.distributed: every process calls
-them; the main process alone reads and writes the tensors.
+tensor and every process keeps its part. So a checkpoint resumes under ddp or fsdp alike and the best weights export
+as they are; pretrain/resume.py resumes it only on the number of processes that wrote it (the global batch).
+Saving and loading are collective under torch.distributed: every process calls them; the main process alone reads
+and writes the tensors.
 """
 
 from __future__ import annotations

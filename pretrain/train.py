@@ -11,8 +11,8 @@ then export the best checkpoint as a transformers model directory.
 Each process trains on its slice of the global batch (`train.micro_batch_size` x `train.grad_accum_steps` per
 process); the main process alone writes the manifest, checkpoints, metrics and MLflow. train.sharding picks how
 the processes hold the model: ddp, a whole copy each, or fsdp, a 1/N shard each (see pretrain/sharding.py);
-checkpoints and the export hold whole tensors either way, so a run resumes on any number of processes, sharded or
-not.
+checkpoints and the export hold whole tensors either way, so a run resumes sharded or not, on the number of
+processes that wrote its checkpoint (another would change the global batch: refused, pretrain/resume.py).
 
 Reads `runs/<run>/tokenizer/` (tokenizer files and `shards/`); writes into `runs/<run>/pretrain/`:
   checkpoints/step-NNNNNNN/   the last `train.keep_checkpoints` full checkpoints (see pretrain/checkpoint.py)

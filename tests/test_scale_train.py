@@ -6,11 +6,16 @@ sets up, see pretrain/sharding.py). The sharded run must follow the DDP run step
 parameters in each process, write whole tensors (checkpoints and the export) and, killed after a checkpoint,
 resume to exactly the losses of its uninterrupted twin; bf16 and gradient checkpointing work under it.
 
+Two nodes on one machine: two torchrun agents (`--nnodes 2 --nproc_per_node 1`) meet at one c10d rendezvous on
+127.0.0.1 and share the runs directory, as two machines share it over NFS. Both killed after a checkpoint, the run
+resumes on two agents to the uninterrupted run's losses, and is refused on one process with the numbers.
+
 The DDP and FSDP runs are module fixtures: each is launched once and compared by several tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -28,6 +33,7 @@ from test_pretrain import (  # noqa: F401 - fixtures
     TINY,
     _free_port,
     child_env,
+    forge_cmd,
     losses,
     sets,
     shared_tracking,
@@ -52,14 +58,35 @@ class Torchrun:
     tokenizer: Path
     tracking: str
 
-    def command(self, name: str, *overrides: str) -> list[str]:
-        """The command line for run `name` (a fresh rendezvous port each time); places its tokenizer stage."""
+    def command(self, name: str, *overrides: str, nodes: int = 1, port: int = 0) -> list[str]:
+        """The command line of one node of run `name`: 2 processes on one node, or 1 on each of `nodes` nodes that
+        meet at 127.0.0.1:`port` (a fresh port by default); places the run's tokenizer stage."""
         if not (self.runs / name / "tokenizer").exists():
             shutil.copytree(self.tokenizer, self.runs / name / "tokenizer")
         exe = str(Path(sys.executable).with_name("torchrun"))
-        return [exe, "--nnodes", "1", "--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                f"127.0.0.1:{_free_port()}", "--rdzv-id", f"forge-{name}", "-m", "forge.cli", "pretrain",
+        per_node = 2 if nodes == 1 else 1
+        endpoint = f"127.0.0.1:{port or _free_port()}"
+        return [exe, "--nnodes", str(nodes), "--nproc_per_node", str(per_node), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", endpoint, "--rdzv-id", f"forge-{name}", "-m", "forge.cli", "pretrain",
                 *sets(*TINY, self.tracking, *SHORT, f"run_name={name}", *overrides)]  # fmt: skip
+
+    def node_commands(self, name: str, *overrides: str) -> list[list[str]]:
+        """Two nodes of one process each: the same command on both (c10d numbers the nodes as they arrive; the
+        first to bind the port hosts the rendezvous store, the other joins it)."""
+        port = _free_port()
+        return [self.command(name, *overrides, nodes=2, port=port) for _ in range(2)]
+
+    def start_nodes(self, name: str, *overrides: str) -> list[subprocess.Popen]:
+        """Both agents of a two-node run, started at once; each writes its stderr to runs/<name>-node<i>.log."""
+        env = child_env(self.runs)
+        agents = []
+        for i, cmd in enumerate(self.node_commands(name, *overrides)):
+            with (self.runs / f"{name}-node{i}.log").open("a") as log:  # a file, not a pipe nobody reads
+                agents.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log))
+        return agents
+
+    def node_logs(self, name: str) -> str:
+        return "".join((self.runs / f"{name}-node{i}.log").read_text() for i in range(2))
 
     def run(self, name: str, *overrides: str) -> tuple[Path, str]:
         """Run to completion; the run's directory and the processes' stderr."""
@@ -84,6 +111,27 @@ def ddp_run(torchrun):
 @pytest.fixture(scope="module")
 def fsdp_run(torchrun):
     return torchrun.run("fsdp", "train.sharding=fsdp")
+
+
+def kill_after_first_checkpoint(agents: list[subprocess.Popen], run: Path) -> None:
+    """SIGKILL the agents and their workers (the nodes die) once the run has a checkpoint, and check that the kill
+    landed before the run completed. The workers are killed one by one: torchrun starts each in a session of its
+    own, so a signal to the agent's process group would miss them."""
+    import psutil
+
+    deadline = time.time() + 240
+    while not ckpt.list_checkpoints(run / "pretrain" / "checkpoints") and time.time() < deadline:
+        assert all(agent.poll() is None for agent in agents), "a node ended before the first checkpoint"
+        time.sleep(0.02)
+    workers = [w for agent in agents for w in psutil.Process(agent.pid).children(recursive=True)]
+    for proc in [*workers, *(psutil.Process(agent.pid) for agent in agents)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGKILL)
+    for agent in agents:
+        agent.wait()
+    psutil.wait_procs(workers, timeout=30)
+    manifest = json.loads((run / "pretrain" / "manifest.json").read_text())
+    assert manifest["status"] == "running" and max(losses(run)) < 12, "the kill must land before the run completed"
 
 
 def held(stderr: str, sharding: str) -> list[float]:
@@ -148,23 +196,11 @@ def test_fsdp_shards_the_model_and_follows_the_ddp_run(ddp_run, fsdp_run):
 def test_fsdp_killed_after_a_checkpoint_resumes_exactly(torchrun, fsdp_run):
     """Both processes SIGKILLed (the node dies) after the first checkpoint, then the same command again: every
     step has the uninterrupted FSDP run's loss, to the bit (the shards are cut again from the whole checkpoint)."""
-    import psutil
-
     run = torchrun.runs / "killed"
     env = child_env(torchrun.runs)
     agent = subprocess.Popen(torchrun.command("killed", "train.sharding=fsdp"), env=env, cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.time() + 240
-    while not ckpt.list_checkpoints(run / "pretrain" / "checkpoints") and time.time() < deadline:
-        assert agent.poll() is None, "the run ended before its first checkpoint"
-        time.sleep(0.02)
-    workers = psutil.Process(agent.pid).children(recursive=True)  # torchrun starts each in a session of its own
-    for proc in [*workers, psutil.Process(agent.pid)]:
-        proc.send_signal(signal.SIGKILL)
-    agent.wait()
-    psutil.wait_procs(workers, timeout=30)
-    manifest = json.loads((run / "pretrain" / "manifest.json").read_text())
-    assert manifest["status"] == "running" and max(losses(run)) < 12, "the kill must land before the run completed"
+    kill_after_first_checkpoint([agent], run)
 
     result = subprocess.run(torchrun.command("killed", "train.sharding=fsdp"), env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -191,3 +227,37 @@ def test_fsdp_in_bf16_with_gradient_checkpointing(torchrun, fsdp_run):
     assert sorted(b) == list(range(1, 7)) and 0 < diff < 1e-2, (a, b)
     weights = load_file(run / "pretrain" / "checkpoints" / "step-0000006" / "model.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.float32}, "the fp32 master weights, whole"
+
+
+@pytest.mark.slow  # ~45-60 s on 2 busy cores (two two-node launches and a refused one), +~23 s for ddp_run
+def test_two_nodes_killed_resume_on_two_and_are_refused_on_one(torchrun, ddp_run):
+    """Two torchrun agents of one process each (two nodes on 127.0.0.1, one shared runs directory), both SIGKILLed
+    after the first checkpoint. Resumed on one process, the run is refused with the numbers and the fix, and left
+    as it was; resumed on two agents, it finishes with the uninterrupted one-node run's losses, to the bit."""
+    run = torchrun.runs / "nodes"
+    kill_after_first_checkpoint(torchrun.start_nodes("nodes"), run)
+    checkpoints = ckpt.list_checkpoints(run / "pretrain" / "checkpoints")
+    assert [step for step, _ in checkpoints] == [6]
+    assert json.loads((checkpoints[0][1] / "state.json").read_text())["world_size"] == 2
+    before = losses(run)
+
+    command = forge_cmd(*sets(*TINY, torchrun.tracking, *SHORT, "run_name=nodes"))
+    one = subprocess.run(command, env=child_env(torchrun.runs), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 2 and "Traceback" not in one.stderr, one.stderr[-3000:]
+    refusal = one.stderr.strip().splitlines()[-1]
+    assert refusal.startswith("error: pretrain: ") and "step-0000006 was written by 2 process(es)" in refusal
+    assert "a global batch of 8 sequences (2 x train.micro_batch_size 2 x train.grad_accum_steps 2)" in refusal
+    assert "resumed on 1 it would train on 4 a step" in refusal
+    assert "Resume it on 2 process(es)" in refusal and "--force" in refusal
+    assert ckpt.list_checkpoints(run / "pretrain" / "checkpoints") == checkpoints and losses(run) == before
+
+    agents = torchrun.start_nodes("nodes")
+    assert [agent.wait(timeout=300) for agent in agents] == [0, 0], torchrun.node_logs("nodes")[-3000:]
+    logs = torchrun.node_logs("nodes")
+    assert "2 process(es) on cpu" in logs and "global batch 8 x 64 tokens" in logs
+    assert re.search(r"resumed from \S+step-0000006 \(step 6 of 12", logs), logs[-3000:]
+    manifest = json.loads((run / "pretrain" / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and (run / "pretrain" / "model" / "model.safetensors").is_file()
+    straight = ddp_run[0]
+    assert losses(run) == losses(straight), "two nodes of one process run what one node of two runs, resumed or not"
+    assert val_losses(run) == val_losses(straight)
