@@ -31,6 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from forge.config import ForgeConfig, load_config  # noqa: E402
+from forge.lineage import MANIFEST  # noqa: E402
 from pretrain.hardware import flops_per_token, local_hardware, peak_flops, resolve_precision  # noqa: E402
 from pretrain.model import build_model  # noqa: E402
 from pretrain.trainer import fused_adamw, lr_factor  # noqa: E402
@@ -57,6 +58,8 @@ def write_synthetic_tokenizer_stage(tok_dir: Path, vocab: int, train_tokens: int
     (shards / "meta.json").write_text(json.dumps(meta))
     specials = {"[PAD]": 0, "[UNK]": 1, "[BOS]": 2, "[EOS]": 3}
     Tokenizer(models.WordLevel(specials, unk_token="[UNK]")).save(str(tok_dir / "tokenizer.json"))
+    # a complete tokenizer stage as lineage.require_reads sees it: pretrain refuses to start without one
+    (tok_dir / MANIFEST).write_text(json.dumps({"stage": "tokenizer", "status": "complete"}))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -84,14 +87,25 @@ def forge_loop(cfg: ForgeConfig, runs: Path, steps: int, warmup: int, repeat: in
     return tokens / (times[steps] - times[warmup])
 
 
-def plain_loop(cfg: ForgeConfig, tokens_path: Path, vocab: int, steps: int, warmup: int, device: str) -> float:
-    """The nanoGPT-style loop: tokens/s over steps warmup..steps."""
+def plain_loop(
+    cfg: ForgeConfig,
+    tokens_path: Path,
+    vocab: int,
+    steps: int,
+    warmup: int,
+    device: str,
+    compile_backend: str | None = None,
+) -> float:
+    """The nanoGPT-style loop: tokens/s over steps warmup..steps. compile_backend: the model goes through
+    torch.compile with it (bench/gpu_check.py; the compile falls in the warmup steps)."""
     t, m = cfg.train, cfg.model
     torch.manual_seed(cfg.seed)
     data = np.memmap(tokens_path, dtype=np.uint16 if vocab <= 1 << 16 else np.uint32, mode="r")
     model = build_model(m, vocab).to(device)
     model.config.use_cache = False
     model.train()
+    if compile_backend:
+        model = torch.compile(model, backend=compile_backend)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     other = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay}, {"params": other, "weight_decay": 0}],
