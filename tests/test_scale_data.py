@@ -1,5 +1,7 @@
-"""`forge data --executor ray` through the real CLI, on a local Ray instance of 2 CPUs, against the local executor
-on the same corpus: the same kept documents (ids, texts, splits) and the same drop reasons, word for word.
+"""`forge data --executor ray` through the real CLI against the local executor on the same corpus: on a local Ray
+instance of 2 CPUs, the same kept documents (ids, texts, splits) and the same drop reasons, word for word; on a
+two-node cluster (ray.cluster_utils.Cluster, one CPU per node), the same output files byte for byte, with the
+per-record passes' tasks run on both nodes.
 
 The corpus is test_data_stage's dirty one (HTML, boilerplate, foreign languages, exact and near duplicates, a
 val/train leak, unreadable files), padded with near-duplicate clusters so the banding has buckets of every size.
@@ -7,15 +9,29 @@ val/train leak, unreadable files), padded with near-duplicate clusters so the ba
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_data_stage import SPLIT, build_dirty_corpus, edit_words, english_docs, read_removed, read_shards
+from test_data_stage import (
+    SPLIT,
+    build_dirty_corpus,
+    edit_words,
+    english_docs,
+    english_sentences,
+    read_removed,
+    read_shards,
+)
 
 pytestmark = pytest.mark.integration  # starts servers, processes or trains (tests/conftest.py)
 
@@ -29,9 +45,9 @@ def forge_data(runs: Path, config: Path, *args: str) -> subprocess.CompletedProc
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=240)  # fmt: skip
 
 
-@pytest.mark.slow  # ~45 s on 2 busy cores: Ray's start (~10 s) and two MLflow stores
-def test_ray_executor_keeps_and_drops_exactly_what_the_local_one_does(tmp_path, isolated_runs):
-    root = tmp_path / "corpus"
+def build_corpus(root: Path, filler: int = 0) -> dict[str, object]:
+    """The dirty corpus, near-duplicate clusters of 1-4 copies, and `filler` distinct documents; what
+    build_dirty_corpus expects of it."""
     expect = build_dirty_corpus(root)
     (root / "denied.txt").unlink()  # needs an in-process monkeypatch (root ignores chmod); not in a subprocess
     base = english_docs(40)[30:]
@@ -39,11 +55,25 @@ def test_ray_executor_keeps_and_drops_exactly_what_the_local_one_does(tmp_path, 
         for c in range(k % 4):
             (root / f"cluster{k}_{c}.txt").write_text(edit_words(doc, edits=1 + c % 2))
         (root / f"cluster{k}.txt").write_text(doc)
-    config = tmp_path / "run.yaml"
-    config.write_text(
-        f"data:\n  inputs: [{json.dumps(str(root))}]\n  split: {json.dumps(SPLIT)}\n  min_eval_tokens: 0\n"
-        "registry:\n  tracking_uri: sqlite:///" + str(tmp_path / "mlflow.db") + "\n"
-    )
+    sentences, rng = english_sentences(), random.Random(0)
+    for i in range(filler):  # 8 of ~335 sentences at random: two such documents share ~0.2 sentences
+        picked = rng.sample(sentences, 8)
+        (root / f"filler{i}.txt").write_text("\n".join(" ".join(picked[j : j + 2]) for j in range(0, 8, 2)))
+    return expect
+
+
+def write_config(path: Path, root: Path, tracking_uri: str | None = None) -> Path:
+    registry = f"registry:\n  tracking_uri: {tracking_uri}\n" if tracking_uri else ""
+    path.write_text(f"data:\n  inputs: [{json.dumps(str(root))}]\n  split: {json.dumps(SPLIT)}\n  min_eval_tokens: 0\n"
+                    + registry)  # fmt: skip
+    return path
+
+
+@pytest.mark.slow  # ~45 s on 2 busy cores: Ray's start (~10 s) and two MLflow stores
+def test_ray_executor_keeps_and_drops_exactly_what_the_local_one_does(tmp_path, isolated_runs):
+    root = tmp_path / "corpus"
+    expect = build_corpus(root)
+    config = write_config(tmp_path / "run.yaml", root, "sqlite:///" + str(tmp_path / "mlflow.db"))
 
     results = {}
     for executor in ("local", "ray"):
@@ -70,6 +100,78 @@ def test_ray_executor_keeps_and_drops_exactly_what_the_local_one_does(tmp_path, 
     assert {f for f, _ in removed.values()} >= {"exact_dedup", "near_dedup", "decontamination", "language",
                                                 "unreadable", "gopher_quality"}  # fmt: skip
     assert not (isolated_runs / "ray" / "data" / ".work").exists()
+
+
+@pytest.fixture
+def two_node_cluster(monkeypatch):
+    """A head and a second node of one CPU each, as `ray start --head` and `ray start --address` would make them.
+    Their sessions, sockets and the ray_current_cluster file live in a private RAY_TMPDIR (short: socket paths are
+    capped at 107 characters), so a `ray.init()` elsewhere on this machine never finds this cluster."""
+    from conftest import free_port
+
+    temp = tempfile.mkdtemp(prefix="forge-ray-", dir="/tmp")
+    monkeypatch.setenv("RAY_TMPDIR", temp)
+    monkeypatch.setenv("RAY_DISABLE_USAGE_STATS", "1")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False, "dashboard_agent_listen_port": free_port()})  # fmt: skip
+    try:
+        cluster.add_node(num_cpus=1)
+        yield cluster
+    finally:
+        cluster.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.slow  # ~40 s on 2 busy cores: the cluster's start (~6 s), the local run (~10 s), the Ray one (~17 s)
+def test_a_two_node_ray_cluster_writes_what_the_local_executor_writes_byte_for_byte(tmp_path, two_node_cluster):
+    root = tmp_path / "corpus"
+    expect = build_corpus(root, filler=1100)  # ~1,160 records a pass: 19 batches of 64, 3 blocks of 8 batches
+    config = write_config(tmp_path / "run.yaml", root)
+    address = two_node_cluster.address
+    outputs, stderr = {}, ""
+    for executor, args in (("local", ["--set", "data.workers=1"]), ("ray", ["--ray-address", address])):
+        runs = tmp_path / f"runs-{executor}"  # one run name in both: report.json records it
+        proc = forge_data(runs, config, "--run", "scale", "--executor", executor, *args)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs[executor], stderr = runs / "scale" / "data", proc.stderr
+    assert f"data: Ray {address}, 2 CPUs" in stderr, stderr[-2000:]
+
+    local, ray = (json.loads((outputs[e] / "manifest.json").read_text()) for e in ("local", "ray"))
+    for out, manifest in ((outputs["local"], local), (outputs["ray"], ray)):
+        assert sha256_of_files(out) == manifest["outputs"]
+    assert {"train-00000.parquet", "removed.jsonl.zst", "report.json", "calibration.png"} <= set(local["outputs"])
+    config_files = local["outputs"].pop("config.yaml"), ray["outputs"].pop("config.yaml")
+    assert ray["outputs"] == local["outputs"]  # every output file but the config, byte for byte
+    assert ray["config_hash"] == local["config_hash"] and ray["metrics"] == local["metrics"]
+    assert config_files[0] != config_files[1]  # it records the executor (data.workers, executor, ray_address)
+
+    nodes = {two_node_cluster.head_node.node_id, *(n.node_id for n in two_node_cluster.worker_nodes)}
+    ran = tasks_per_node(two_node_cluster, "_run_batches", until=lambda seen: set(seen) == nodes and seen.total() > 2)
+    assert set(ran) == nodes, f"the per-record passes' tasks ran on {len(ran)} of the 2 nodes: {ran}"
+    assert ran.total() > 2, f"one task for each of the 2 per-record passes: not split into blocks ({ran})"
+    kept, report = read_shards(outputs["local"]), json.loads((outputs["local"] / "report.json").read_text())
+    assert set(expect["kept"]) <= set(kept) and len(kept) > 1100  # the corpus exercised what it should
+    assert report["filters"]["near_dedup"]["docs"] >= 10
+
+
+def sha256_of_files(out: Path) -> dict[str, str]:
+    return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(out.rglob("*")) if p.is_file() and p.name != "manifest.json"}  # fmt: skip
+
+
+def tasks_per_node(cluster, task: str, until: Callable[[Counter[str]], bool], wait_s: float = 10.0) -> Counter[str]:
+    """How many tasks named *task* each node's workers ran, from Ray's own record: the GCS task events (what
+    ray.timeline reads; the ray.util.state API says the same but needs the dashboard, not in ray[data]). Workers
+    report events every second: read again until `until` holds or wait_s has passed."""
+    deadline = time.time() + wait_s
+    while True:
+        ran = Counter(event.state_updates.node_id.hex() for event in cluster.global_state._get_all_task_events()
+                      if task in event.task_info.name and event.state_updates.node_id)  # fmt: skip
+        if until(ran) or time.time() > deadline:
+            return ran
+        time.sleep(0.5)
 
 
 def test_a_bad_executor_is_a_one_line_error_naming_the_field():

@@ -64,7 +64,10 @@ def session(cfg: DataConfig, workers: int) -> Iterator[int]:
         if cfg.ray_address:
             ray.init(address=cfg.ray_address, log_to_driver=False, logging_level=logging.WARNING)
         else:
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+            # address="local": a new instance even where `ray start` left a cluster recorded under /tmp/ray, which
+            # a bare ray.init() would join (and refuse num_cpus there)
+            ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING)  # fmt: skip
     except (ConnectionError, RuntimeError, ValueError) as exc:
         if not cfg.ray_address:
             raise ForgeError(f"data.executor=ray: a local Ray instance did not start ({exc}); set data.ray_address "
@@ -97,6 +100,9 @@ def _configure(ray: Any, cfg: DataConfig, workers: int) -> int:
     ctx.enable_progress_bars = False
     # the sort-based shuffle: no long-lived aggregator actors (the default's) holding CPUs on a small instance
     ctx.shuffle_strategy = ray.data.context.ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    # the V1 Parquet reader splits the pass input into override_num_blocks blocks, one map task each; Ray 2.60's
+    # V2 reader reads the file in one task with the map fused into it: one task per pass, on one node
+    ctx.use_datasource_v2 = False
     cpus = max(1, int(ray.cluster_resources().get("CPU", workers)))
     log.info("data: Ray %s, %d CPUs", cfg.ray_address or "local instance", cpus)
     return cpus
