@@ -56,6 +56,10 @@ def assemble(events: list[dict[str, Any]]) -> dict[str, Any]:
                 _add_delta(choice.setdefault("message", {"role": "assistant", "content": None}), part["delta"] or {})
             else:
                 choice["text"] = choice.get("text", "") + (part.get("text") or "")
+    for choice in choices.values():
+        message = choice.get("message")
+        if message is not None and message["content"] is None and not message.get("tool_calls"):
+            message["content"] = ""  # a reply of no text (EOS first) is "" in a non-streamed answer, not null
     answer["object"] = str(answer.get("object", "chat.completion.chunk")).removesuffix(".chunk")
     answer["choices"] = [choices[i] for i in sorted(choices)]
     return answer

@@ -148,6 +148,10 @@ def test_a_stream_is_put_back_together_as_the_answer_asked_for():
                             "usage": {"completion_tokens": 2}}])  # fmt: skip
     assert completion["object"] == "text_completion" and completion["usage"] == {"completion_tokens": 2}
     assert completion["choices"] == [{"index": 0, "text": "-only", "finish_reason": "length", "logprobs": None}]
+    # a reply that is EOS at once: "" as llama-server's own non-streamed answer has it (clients test for None)
+    empty = assemble([{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]},
+                      {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}])  # fmt: skip
+    assert empty["choices"][0]["message"] == {"role": "assistant", "content": ""}
 
 
 def test_admission_runs_parallel_queues_queue_refuses_the_rest():
