@@ -119,7 +119,8 @@ COPY docker/requirements-train.lock /tmp/requirements-train.lock
 # The dependencies alone first (their layer survives code changes), then the code without them; the training image
 # carries the optional parts too (Ray Data for `forge data --executor ray`, lm-eval for benchmarks, the Chinese and
 # Japanese word segmenters). torch and the llama-cpp-python wheel go in first, then every other package from the lock
-# (docker/lock.sh), each file checked against its sha256. TORCH_SPEC is pinned (torch==2.13.0); hadolint cannot see
+# (docker/lock.sh), each file checked against its sha256. --no-deps: the lock holds every dependency already, and the
+# base image's pip (23.0, Debian's) would otherwise resolve an extra (typepy[datetime]) as an unpinned requirement. TORCH_SPEC is pinned (torch==2.13.0); hadolint cannot see
 # through the variable.
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
@@ -127,7 +128,7 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     && export PIP_FIND_LINKS="/wheels ${PIP_FIND_LINKS:-}" \
     && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} "${TORCH_SPEC}" \
     && pip install --no-deps --only-binary llama-cpp-python "llama-cpp-python==${LLAMA_CPP_VERSION}" \
-    && pip install --require-hashes -r /tmp/requirements-train.lock \
+    && pip install --no-deps --require-hashes -r /tmp/requirements-train.lock \
     && rm /tmp/requirements-train.lock
 COPY --from=src /src /tmp/forge-src
 RUN pip install --no-deps /tmp/forge-src && mv /tmp/forge-src/configs /app/configs && rm -rf /tmp/forge-src
@@ -154,7 +155,7 @@ COPY --from=llama-server /opt/llama-server /opt/llama-server
 COPY docker/requirements-serve-cpu.lock /tmp/
 RUN echo "llama-server: llama.cpp of llama-cpp-python ${LLAMA_CPP_VERSION}, ${LLAMA_SERVER_CMAKE_ARGS}" \
     && /opt/llama-server/llama-server --version \
-    && pip install --require-hashes -r /tmp/requirements-serve-cpu.lock \
+    && pip install --no-deps --require-hashes -r /tmp/requirements-serve-cpu.lock \
     && rm /tmp/requirements-serve-cpu.lock
 # --no-deps: forge's own requirements are the training stack; the serve verbs import only the packages above.
 COPY --from=src /src /tmp/forge-src
@@ -173,7 +174,7 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["pyt
 ENTRYPOINT ["/usr/local/bin/mlflow-server.sh"]
 # requirements-mlflow.txt, locked (docker/lock.sh)
 COPY docker/requirements-mlflow.lock /tmp/requirements-mlflow.lock
-RUN pip install --require-hashes -r /tmp/requirements-mlflow.lock && rm /tmp/requirements-mlflow.lock
+RUN pip install --no-deps --require-hashes -r /tmp/requirements-mlflow.lock && rm /tmp/requirements-mlflow.lock
 COPY docker/mlflow-server.sh docker/healthcheck.py /usr/local/bin/
 USER 10001
 
@@ -203,7 +204,7 @@ RUN apt-get update \
 WORKDIR /app
 # vLLM (docker/requirements-serve-gpu.txt), its CUDA torch and the rest, each file checked against its sha256
 COPY docker/requirements-serve-gpu.lock /tmp/requirements-serve-gpu.lock
-RUN pip install --require-hashes -r /tmp/requirements-serve-gpu.lock && rm /tmp/requirements-serve-gpu.lock
+RUN pip install --no-deps --require-hashes -r /tmp/requirements-serve-gpu.lock && rm /tmp/requirements-serve-gpu.lock
 COPY --from=src /src /tmp/forge-src
 RUN pip install --no-deps /tmp/forge-src && mv /tmp/forge-src/configs /app/configs \
     && mv /tmp/forge-src/bin/entrypoint.sh /tmp/forge-src/bin/healthcheck.py /usr/local/bin/ && rm -rf /tmp/forge-src
