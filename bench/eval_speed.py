@@ -32,6 +32,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the held-out pairs tests check
+
+from test_eval import held_out_pairs  # noqa: E402 - the same pairs tests/test_eval.py checks the items of
 
 from evaluation import tasks  # noqa: E402
 from evaluation.stage import load_qa, qa_input, resolve_target  # noqa: E402
@@ -52,17 +55,6 @@ def per_choice(backend: Backend, pairs: list[tuple[list[int], list[int]]]) -> li
 
 # ----------------------------------------------------------------------------------------------------------------
 # item building: the old quadratic algorithm (the baseline) against tasks.held_out_items
-
-
-def synthetic_pairs(n: int) -> list[dict[str, str]]:
-    """n held-out pairs: `describe` all distinct answers, `details` 50, `module` 3, `members` mostly one."""
-    pairs = []
-    for i in range(n):
-        qtype, j = ("describe", "describe", "details", "module", "members")[i % 5], i // 5
-        answer = {"describe": f"It does thing {i}.", "details": f"It takes {j % 50} arguments.",
-                  "module": f"mod{j % 3}", "members": "no members" if j % 50 else f"members {j}"}[qtype]  # fmt: skip
-        pairs.append({"question": f"Q{i}: about `f{i}` ({qtype})?", "answer": answer, "qtype": qtype})
-    return pairs
 
 
 def old_with_fewshot(records: list[dict[str, Any]], shots: int, seed: int) -> list[dict[str, Any]]:
@@ -107,7 +99,7 @@ def build_bench(old_max: int) -> None:
     limits, old_fit = (200, 1000), None
     print(f"{'pairs':>8} {'old s':>10} {'new s':>8}   (qa_max_examples={limits[0]}, mc_max_examples={limits[1]})")
     for n in sorted({2_000, 5_000, old_max, 10_000, 50_000, 200_000}):
-        records = synthetic_pairs(n)
+        records = held_out_pairs(n)
         start = time.perf_counter()
         qa, items = tasks.held_out_items(records, 3, 4, *limits, seed=0)
         new_s = time.perf_counter() - start
