@@ -85,12 +85,20 @@ def llama_server_command(
     ]  # fmt: skip
 
 
+def build_dir(command: list[str]) -> Path | None:
+    """The directory of the llama-server build that `command` runs (itself, or behind the gateway), else None.
+    ggml loads every libggml-cpu-*.so it finds in the working directory as well as beside the binary: started
+    anywhere else, a stray or older build there would be loaded too."""
+    binary = next((arg for arg in command if Path(arg).name == "llama-server"), None)
+    return Path(os.path.realpath(binary)).parent if binary else None
+
+
 class ServerProcess:
     """A server subprocess: start() waits until a real completion succeeds; stop() terminates it and its children.
 
     env: added to this process's environment (where an API key goes: never in `command`, which `ps` shows to every
-    user). cwd: where it runs; give llama-server the directory of its own build, since ggml also loads any
-    libggml-cpu-*.so it finds in the working directory."""
+    user). cwd: where it runs; by default the directory of the llama-server build the command runs (see
+    `build_dir`)."""
 
     def __init__(
         self,
@@ -106,7 +114,7 @@ class ServerProcess:
     ) -> None:
         self.command, self.port, self.alias, self.host = command, port, alias, host
         self.api_key, self.log_path, self.env, self.ready_timeout = api_key, log_path, env, ready_timeout
-        self.cwd = cwd
+        self.cwd = cwd or build_dir(command)
         self.proc: subprocess.Popen | None = None
         self._log: Any = None
 

@@ -110,17 +110,15 @@ def _gguf_server(
     key = api_key(cfg)
     n_ctx = n_ctx or context_length(path) or 2048
     info = {"backend": chosen, "model": str(path), "alias": alias, "n_ctx": n_ctx, "source": source}
-    cwd = None
     if chosen == "llama-cpp-python":
         server = llamacpp_python_command(path, port, alias, n_ctx, threads=s.threads)
     else:
         info["backend"] = "llamacpp"  # the vllm default on a machine without CUDA lands here too
         info["parallel"] = s.parallel
         server = llama_server_command(path.absolute(), alias, n_ctx, s.parallel, s.threads, binary)
-        cwd = Path(os.path.realpath(server[0])).parent  # ggml loads libggml-cpu-*.so from the working directory too
     command = gateway_command(server, port, s.host, serve=s, n_ctx=n_ctx)  # every backend behind the gateway
     env = api_key_env(info["backend"], key)
-    return ServerProcess(command, port, alias, s.host, key, _log_path(cfg), env=env, cwd=cwd), info
+    return ServerProcess(command, port, alias, s.host, key, _log_path(cfg), env=env), info
 
 
 def _log_path(cfg: ForgeConfig) -> Path:

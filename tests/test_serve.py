@@ -319,6 +319,7 @@ def test_vllm_runs_in_its_own_venv(monkeypatch, tmp_path):
 
 
 def test_llama_server_command_line(monkeypatch, tmp_path):
+    from models.llama_server import ServerProcess
     from serve.backends import gateway_command, llama_server_command
 
     binary = tmp_path / "llama-server"
@@ -337,6 +338,14 @@ def test_llama_server_command_line(monkeypatch, tmp_path):
     gateway = gateway_command(cmd, 9000)
     assert gateway[:8] == [sys.executable, "-m", "serve.gateway", "--host", "127.0.0.1", "--port", "9000", "--"]
     assert gateway[8:] == cmd
+    # run in its build's directory (ggml loads libggml-cpu-*.so from the working directory too), behind the
+    # gateway or not, through a link as `make install` makes one; other commands keep the caller's directory
+    link = tmp_path / "bin" / "llama-server"
+    link.parent.mkdir()
+    link.symlink_to(binary)
+    assert ServerProcess([str(link), "--jinja"], 9000, "a").cwd == tmp_path
+    assert ServerProcess(gateway_command([str(link)], 9000), 9000, "a").cwd == tmp_path
+    assert ServerProcess([sys.executable, "-m", "http.server"], 9000, "a").cwd is None
     monkeypatch.setenv("FORGE_LLAMA_SERVER", str(tmp_path / "missing"))
     with pytest.raises(ForgeError, match="FORGE_LLAMA_SERVER=.* is not an executable llama-server"):
         llama_server_command(Path("/m.gguf"), "a", 256)
