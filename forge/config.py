@@ -134,7 +134,7 @@ def _divisors(n: int) -> list[int]:
 
 class TrainConfig(Section):
     # How the process group shares the training state. Either way every process computes on its slice of the same
-    # global batch, and checkpoints and the export hold whole tensors, so a run may switch between them and resume:
+    # global batch, and either sharding reads the other's checkpoints, so a run may switch between them and resume:
     # the same run, not a new one (left out of the skip key, like the number of processes).
     EXECUTION_ONLY = frozenset({"sharding"})
 

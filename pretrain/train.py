@@ -9,14 +9,16 @@ then export the best checkpoint as a transformers model directory.
     torchrun --nproc_per_node 8 -m forge.cli pretrain --config configs/1b.yaml --set train.sharding=fsdp  # FSDP
 
 Each process trains on its slice of the global batch (`train.micro_batch_size` x `train.grad_accum_steps` per
-process); the main process alone writes the manifest, checkpoints, metrics and MLflow. train.sharding picks how
-the processes hold the model: ddp, a whole copy each, or fsdp, a 1/N shard each (see pretrain/sharding.py);
-checkpoints and the export hold whole tensors either way, so a run resumes sharded or not, on the number of
-processes that wrote its checkpoint (another would change the global batch: refused, pretrain/resume.py).
+process); the main process alone writes the manifest, metrics and MLflow. train.sharding picks how the processes
+hold the model: ddp, a whole copy each, or fsdp, a 1/N shard each (see pretrain/sharding.py). Each process writes
+the checkpoints' tensors it holds (the main one renames a checkpoint into place) and any sharding on any number of
+processes reads them back, so a run resumes sharded or not, and on another number of processes where
+train.grad_accum_steps can keep its global batch (pretrain/resume.py); the export alone holds whole tensors.
 
 Reads `runs/<run>/tokenizer/` (tokenizer files and `shards/`); writes into `runs/<run>/pretrain/`:
-  checkpoints/step-NNNNNNN/   the last `train.keep_checkpoints` full checkpoints (see pretrain/checkpoint.py)
-  checkpoints/best/           the weights with the lowest val loss so far (model.safetensors + state.json)
+  checkpoints/step-NNNNNNN/   the last `train.keep_checkpoints` full checkpoints, sharded (see pretrain/checkpoint.py)
+  checkpoints/best/           the weights with the lowest val loss so far, as the processes held them (tensors/
+                              shard files + state.json): gathered whole once, by the export
   model/                      the best weights exported: safetensors, config.json, generation_config.json and the
                               tokenizer files with chat_template.jinja; `AutoModelForCausalLM.from_pretrained` it
   metrics.jsonl               one line per step (loss, lr, grad norm) and per evaluation (val loss, perplexity)
@@ -53,6 +55,7 @@ from forge.config import ForgeConfig, TrainConfig
 from forge.lineage import Stage, read_manifest, require_reads, run_stage
 from forge.progress import progress
 from models import TOKENIZER_FILES
+from pretrain.checkpoint import CheckpointWriter
 from pretrain.hardware import local_hardware, resolve_precision
 from pretrain.loader import IGNORE, iter_eval_batches
 from pretrain.metrics import CURVES, METRICS, plot_curves, read_records
@@ -155,7 +158,7 @@ def make_accelerator(tcfg: TrainConfig):
     if accelerator.distributed_type == "FSDP":
         # Accelerate's FSDP plugin would wrap the model its own way and ignore train.sharding; one path shards
         raise ForgeError(
-            "accelerate launch --use_fsdp: forge pretrain shards with its own FSDP (whole-tensor checkpoints); "
+            "accelerate launch --use_fsdp: forge pretrain shards with its own FSDP (and its own checkpoints); "
             "launch without --use_fsdp and set train.sharding=fsdp"
         )
     return accelerator
@@ -172,21 +175,24 @@ def train(stage: Stage, accelerator, key: dict[str, Any], resume: bool) -> dict[
     t = build_trainer(stage, accelerator, key, data)
     resume_or_start_over(t, resume)
     log_start(t)
+    writer = CheckpointWriter(t.ckpt_root, t.tcfg.keep_checkpoints)
     try:
         with t.metrics:
-            train_loop(t)
+            train_loop(t, writer)
     finally:
+        writer.wait()  # the last checkpoint in place before the run ends, a failed run too (its last good one)
         if t.main:
             plot_curves(stage.dir / METRICS, stage.dir / CURVES)
-    if t.main:  # the best weights as a transformers model directory
+    if t.main:  # the best weights, read whole from their shard files, as a transformers model directory
         export(t.best_dir, stage.dir / "model", stage.cfg, t.vocab, data.ids, data.tok_dir)
     accelerator.wait_for_everyone()
     return summary(t)
 
 
-def train_loop(t: Trainer) -> None:
-    """Optimizer steps up to train.max_steps or an early stop; logging, evaluation and checkpoints on their
-    schedules. Only what happens here counts in the tokens/s: evaluation and checkpoint time is left out."""
+def train_loop(t: Trainer, writer: CheckpointWriter) -> None:
+    """Optimizer steps up to train.max_steps or an early stop; logging, evaluation and checkpoints (written by
+    `writer` while training goes on) on their schedules. Only what happens here counts in the tokens/s: evaluation
+    and the checkpoint's copy to CPU memory are left out."""
     tcfg = t.tcfg
     t.model.train()
     with step_bar(t) as bar, logging_redirect_tqdm() if t.main else contextlib.nullcontext():
@@ -209,7 +215,7 @@ def train_loop(t: Trainer) -> None:
                 evaluate_and_keep_best(t)
             checkpointed = t.step % tcfg.checkpoint_every == 0 or last or t.stop_reason is not None
             if checkpointed:
-                save_checkpoint(t)
+                save_checkpoint(t, writer)
             if t.stop_reason:
                 log.warning("pretrain: %s", t.stop_reason)
                 break

@@ -1,10 +1,11 @@
 """The weights of the pretrain stage: where a run starts, the best it has reached, and the model it leaves.
 
     initial_model(cfg, vocab, ids)   a random model of cfg.model, or the base of model.init_from
-    save_best(best_dir, model, best) checkpoints/best/: the whole weights with the lowest val loss so far
+    save_best(best_dir, model, best) checkpoints/best/: the weights with the lowest val loss so far
     export(best_dir, out, ...)       model/: those weights as a transformers model directory with the tokenizer
 
-The best weights are whole tensors under FSDP too, so the export needs no process group.
+The best weights are written as the processes hold them (each its shards under FSDP, pretrain/checkpoint.py); the
+export, on the main process alone, reads them whole from those files: no process group.
 """
 
 from __future__ import annotations
@@ -45,15 +46,9 @@ def initial_model(cfg: ForgeConfig, vocab: int, ids: dict[str, int]) -> torch.nn
 
 
 def save_best(best_dir: Path, model: torch.nn.Module, best: dict[str, Any]) -> None:
-    """The whole weights with the lowest val loss so far. Every process calls it (FSDP gathers the shards); the
-    main process writes."""
-    weights, _ = ckpt.full_state(model)
-    if not ckpt.is_main():
-        return
-    with atomic_path(best_dir) as tmp:
-        tmp.mkdir(parents=True)
-        ckpt.write_weights(weights, tmp / "model.safetensors", model)
-        (tmp / "state.json").write_text(json.dumps(best) + "\n", encoding="utf-8")
+    """The weights with the lowest val loss so far. Every process calls it and writes what it holds (nothing is
+    gathered)."""
+    ckpt.save_weights(best_dir, model, best)
 
 
 def export(best_dir: Path, out: Path, cfg: ForgeConfig, vocab: int, ids: dict[str, int], tok_dir: Path) -> None:
@@ -62,7 +57,7 @@ def export(best_dir: Path, out: Path, cfg: ForgeConfig, vocab: int, ids: dict[st
 
     from models.shape import context_length
 
-    if not (best_dir / "model.safetensors").is_file():
+    if not (best_dir / "state.json").is_file():
         raise ForgeError(f"no best checkpoint in {best_dir}: the run evaluated nothing to export")
     model = initial_model(cfg, vocab, ids)
     model.load_state_dict(ckpt.read_weights(best_dir, model))  # a plain model, on the main process alone
