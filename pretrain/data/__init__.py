@@ -15,8 +15,10 @@ filters.py        the per-document steps in order: HTML extraction, boilerplate 
 splits.py         train/val/test by a stable hash of the id, val and test sized to data.min_eval_tokens
 calibrate.py      every rule measured on the train split; a rule that alone drops a large share is flagged
 dedup.py          exact hash, MinHash + banded LSH (explicit bands x rows), verified Jaccard, union-find, paragraphs
+paragraphs.py     paragraph dedup from sorted runs of hashes on disk: exact, bounded in memory
 passes.py         the per-record passes as pure functions, the process pool
 report.py         removal log (removed.jsonl.zst), report.json / report.md, removed_by_filter.png, calibration.png
+pass_state.py     what each completed pass leaves under .work/, so a re-run resumes after it
 stage.py          `run(cfg)`: ingest -> convert, cut, extract -> split -> clean -> dedup -> shards, through
                   forge.lineage.run_stage
 """

@@ -29,6 +29,7 @@ GROUP_SHINGLES = 1 << 14  # shingles per numpy pass: num_perm x this x 8 B of sc
 FULL_PAIRS_RUN = 16  # a band bucket up to this size yields all its pairs; bigger ones a star plus a chain
 
 _WORD = re.compile(r"\w+")
+PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 _DIGIT = re.compile(r"\d")
 
 
@@ -312,7 +313,11 @@ def near_duplicates(texts: Sequence[str], cfg: DedupConfig, seed: int = 1337) ->
 
 
 class ParagraphDeduper:
-    """Drops a paragraph (>= min_chars) already seen in another document; the set holds 64-bit hashes only."""
+    """Drops a paragraph (>= min_chars) already seen in another document; the set holds 64-bit hashes only.
+
+    The in-memory reference (tests, bench/paragraph_dedup.py): `forge data` runs paragraphs.ParagraphDedup, the
+    same decisions from sorted runs on disk, bounded in memory.
+    """
 
     def __init__(self, min_chars: int):
         self.min_chars = min_chars
@@ -321,7 +326,7 @@ class ParagraphDeduper:
     def apply(self, text: str) -> tuple[str, int]:
         """(text without already-seen paragraphs, characters removed)."""
         kept, removed, mine = [], 0, set()
-        for para in re.split(r"\n\s*\n", text):
+        for para in PARAGRAPH_BREAK.split(text):
             if len(para.strip()) >= self.min_chars:
                 h = xxhash.xxh3_64_intdigest(" ".join(normalized_words(para)).encode())
                 if h in self.seen:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import io
 import json
+import pickle
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ def cluster_stats(sizes: np.ndarray) -> dict[str, Any]:
 class Stats:
     """Running counts per filter and rule, the largest dropped documents per rule, and the streamed removal log."""
 
-    def __init__(self, filter_names: tuple[str, ...], log_path: Path):
+    def __init__(self, filter_names: tuple[str, ...], log_path: Path, work: Path):
         self.filters = {name: {"docs": 0, "chars": 0, "rules": Counter()} for name in filter_names}
         self.largest: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}  # rule -> min-heap of the largest
         self.clusters: dict[str, dict[str, Any]] = {}
@@ -58,12 +59,36 @@ class Stats:
         self.by_language: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self.unreadable: list[dict[str, Any]] = []  # the first MAX_LISTED files that could not be read, and why
         self._seq = 0
-        self._log_path = log_path
-        self._log_ctx = atomic_path(log_path)
-        tmp = self._log_ctx.__enter__()
-        self._raw = open(tmp, "wb")  # noqa: SIM115 - closed in close()
-        self._zst = zstandard.ZstdCompressor(level=6).stream_writer(self._raw)
-        self._log = io.TextIOWrapper(self._zst, encoding="utf-8")
+        self._log_path, self._work = log_path, work
+        self._segments: list[Path] = []  # the removal log, one file per pass under work/ (joined by close())
+        self._log: io.TextIOWrapper | None = None
+        self._open_segment()
+
+    def _open_segment(self) -> None:
+        path = self._work / f"removed-{len(self._segments):02d}.jsonl.zst"
+        self._segments.append(path)
+        raw = open(path, "wb")  # noqa: SIM115 - closed with the wrapper
+        self._log = io.TextIOWrapper(zstandard.ZstdCompressor(level=6).stream_writer(raw), encoding="utf-8")
+
+    def _close_segment(self) -> None:
+        if self._log is not None:
+            self._log.close()  # closes the zstd frame and the file
+            self._log = None
+
+    def checkpoint(self) -> bytes:
+        """Everything counted so far, the log cut at this point: restore() continues from here (pass_state.py)."""
+        self._close_segment()
+        state = pickle.dumps({k: v for k, v in vars(self).items() if k != "_log"})
+        self._open_segment()
+        return state
+
+    @classmethod
+    def restore(cls, state: bytes) -> Stats:
+        """The Stats of a checkpoint; the log segment a pass that did not finish had begun is written anew."""
+        stats = cls.__new__(cls)
+        vars(stats).update(pickle.loads(state), _log=None)
+        stats._open_segment()
+        return stats
 
     def count_raw(self, record: dict[str, Any]) -> None:
         self.raw_docs += 1
@@ -101,6 +126,7 @@ class Stats:
         self._seq += 1
         item = (len(record["text"]), -self._seq, {**row, "excerpt": record["text"][:EXCERPT_CHARS]})
         (heapq.heappush if len(heap) < LARGEST_PER_RULE else heapq.heappushpop)(heap, item)
+        assert self._log is not None, "Stats.drop after close()"
         self._log.write(json.dumps({**row, "text": record["text"][:LOG_TEXT_CHARS]}, ensure_ascii=False) + "\n")
 
     def keep(self, record: dict[str, Any]) -> None:
@@ -116,12 +142,18 @@ class Stats:
         language["kept_est_tokens"] += est_tokens(record["text"])
 
     def close(self) -> None:
+        """removed.jsonl.zst: the segments in order, as one zstd frame (a reader need not read across frames)."""
         if self._log is None:
             return
-        self._log.flush()
-        self._log.close()  # closes the zstd frame and the file
-        self._log = None  # type: ignore[assignment]
-        self._log_ctx.__exit__(None, None, None)  # rename onto removed.jsonl.zst
+        self._close_segment()
+        with (
+            atomic_path(self._log_path) as tmp,
+            open(tmp, "wb") as raw,
+            zstandard.ZstdCompressor(level=6).stream_writer(raw, closefd=False) as joined,
+        ):
+            for path in self._segments:
+                with open(path, "rb") as segment:
+                    zstandard.ZstdDecompressor().copy_stream(segment, joined)
 
 
 def _format_of(record: dict[str, Any]) -> str:

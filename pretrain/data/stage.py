@@ -16,8 +16,13 @@ The order: read -> convert PDF/DOCX/ODT/EPUB, cut long documents into sections, 
 measured on the text as read: documents.py) -> split (splits.py: the hash of each id, val/test
 sized in tokens) -> clean (every rule measured for the calibration, then applied) -> dedup -> shards.
 
-Memory stays bounded: records stream through two spill files under `.work/` (deleted at the end); the main process
-keeps ~130 B per document (exact hash, split, 14 LSH keys) plus the n-gram sets of candidate pairs only.
+A crash costs only the pass it hit: each completed pass leaves its result under `.work/` (pass_state.py), and the
+same command with the same settings and inputs continues after the last one; `.work/` goes when the stage completes.
+
+Memory stays bounded: records stream through two spill files under `.work/`; the main process
+keeps ~130 B per document (exact hash, split, 14 LSH keys) plus the n-gram sets of candidate pairs only; paragraph
+dedup keeps its hashes in sorted runs under `.work/paragraphs/` (paragraphs.py), a few 64 MB buffers whatever the
+corpus.
 
 `data.executor: ray` runs the per-record passes and the LSH banding on Ray Data instead of the process pool
 (pretrain/data/ray_executor.py); everything else, and so the output, is the same code.
@@ -30,7 +35,6 @@ import json
 import logging
 import math
 import re
-import shutil
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -42,9 +46,10 @@ import pyarrow.parquet as pq
 
 from forge import ForgeError
 from forge.config import ForgeConfig
+from forge.io import remove_path
 from forge.lineage import Stage, run_stage
 from forge.progress import progress
-from pretrain.data import calibrate, dedup, drops, filters, ingest, report, splits
+from pretrain.data import calibrate, dedup, drops, filters, ingest, paragraphs, pass_state, report, splits
 from pretrain.data.passes import batched, clean_batch, extract_batch, parallel_map, worker_count
 from pretrain.data.splits import SPLITS, split_of
 
@@ -61,7 +66,8 @@ SPLIT_PRIORITY = {"test": 0, "val": 1, "train": 2}  # which copy of a duplicate 
 
 def run(cfg: ForgeConfig, force: bool = False) -> dict[str, Any]:
     stage = Stage(name="data", cfg=cfg, inputs=ingest.input_fingerprints(cfg.data))
-    return run_stage(stage, build, force)
+    key = stage.skip_key()  # also what an interrupted attempt's passes must match to be resumed (pass_state.py)
+    return run_stage(stage, partial(build, key=key, resume=not force), force, key=key)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -166,25 +172,28 @@ def executor(cfg, work: Path) -> Iterator[tuple[Mapper, PairFinder]]:
         yield partial(ray_executor.ray_map, cpus=cpus, work=work), partial(ray_executor.candidate_pairs, cpus=cpus)
 
 
-def build(stage: Stage) -> dict[str, float]:
-    cfg, out = stage.cfg.data, stage.dir
+def build(stage: Stage, key: dict[str, Any] | None = None, resume: bool = True) -> dict[str, float]:
+    cfg, seed, out = stage.cfg.data, stage.cfg.seed, stage.dir
     _clear_outputs(out)
     work = out / ".work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    stats = report.Stats(drops.FILTERS, out / "removed.jsonl.zst")
+    if not resume:  # --force: every pass again, whatever an interrupted attempt left
+        remove_path(work)
+    passes = pass_state.Passes(work, key or stage.skip_key())
+    stats = passes.stats(lambda: report.Stats(drops.FILTERS, out / "removed.jsonl.zst", work))
     try:
         with executor(cfg, work) as (mapper, find_pairs):
-            extracted, sketch, plan = _extract(cfg, stage.cfg.seed, work, mapper, stats)
-            cal = calibrate.Calibration(cfg, expected_train_docs=round(extracted.rows * plan.ratios["train"]))
-            cleaned, ids, hashes, keys, split_rows = _clean(
-                cfg, stage.cfg.seed, work, mapper, stats, extracted, sketch, plan.ratios, cal
+            extracted, sketch, plan = passes.run("extract", stats, lambda: _extract(cfg, seed, work, mapper, stats))
+            cleaned, ids, hashes, keys, split_rows, cal = passes.run(
+                "clean", stats, lambda: _clean(cfg, seed, work, mapper, stats, extracted, sketch, plan)
             )
-            removed = _deduplicate(cfg, cleaned, ids, hashes, keys, split_rows, stats, find_pairs)
-        split_totals = _write_splits(cfg, out, cleaned, removed, stats)
+            removed = passes.run(
+                "dedup", stats, lambda: _deduplicate(cfg, cleaned, ids, hashes, keys, split_rows, stats, find_pairs)
+            )
+        paragraph_dedup = passes.run("paragraphs", stats, lambda: _index_paragraphs(cfg, work, cleaned, removed))
+        split_totals = _write_splits(cfg, out, cleaned, removed, stats, paragraph_dedup)
     finally:
         stats.close()
-        shutil.rmtree(work, ignore_errors=True)
+    passes.finish()
     calibration = cal.summary()
     split_plan = {"ratios": plan.ratios, "assigned_tokens": plan.assigned_tokens, "total_tokens": plan.total_tokens,
                   "min_eval_tokens": cfg.min_eval_tokens, "max_eval_fraction": cfg.max_eval_fraction,
@@ -280,9 +289,10 @@ def _extract(cfg, seed: int, work: Path, mapper: Mapper, stats: report.Stats):
     return spill, sketch, splits.plan_split(np.array(units), np.array(tokens), cfg)
 
 
-def _clean(cfg, seed, work, mapper: Mapper, stats, extracted: Spill, sketch, ratios: dict[str, float],
-           cal: calibrate.Calibration):  # fmt: skip
+def _clean(cfg, seed, work, mapper: Mapper, stats, extracted: Spill, sketch, plan: splits.SplitPlan):
     """Pass 2: each record gets its split (from its id), then the filters; train records feed the calibration."""
+    ratios = plan.ratios
+    cal = calibrate.Calibration(cfg, expected_train_docs=round(extracted.rows * ratios["train"]))
     min_docs = max(cfg.boilerplate_min_docs, math.ceil(cfg.boilerplate_min_doc_fraction * extracted.rows))
     initargs = (cfg, seed, sketch.table if sketch is not None else None, min_docs)
     spill = Spill(work / "cleaned.parquet")
@@ -307,7 +317,7 @@ def _clean(cfg, seed, work, mapper: Mapper, stats, extracted: Spill, sketch, rat
         spill.write(kept)
     spill.close()
     all_keys = np.concatenate(keys) if keys else np.zeros((0, cfg.dedup.bands), dtype=np.uint64)
-    return spill, ids, np.array(hashes, dtype=np.uint64), all_keys, np.array(split_rows, dtype=np.int64)
+    return spill, ids, np.array(hashes, dtype=np.uint64), all_keys, np.array(split_rows, dtype=np.int64), cal
 
 
 def _deduplicate(cfg, cleaned: Spill, ids: list[str], hashes, keys, splits, stats,
@@ -381,9 +391,22 @@ def _shingle_sets(cleaned: Spill, rows: np.ndarray, cfg) -> dict[int, np.ndarray
     return sets
 
 
-def _write_splits(cfg, out: Path, cleaned: Spill, removed: dict[int, tuple[str, str, str]], stats) -> dict[str, Any]:
+def _index_paragraphs(cfg, work: Path, cleaned: Spill, removed: dict[int, Any]) -> paragraphs.ParagraphDedup | None:
+    """The paragraph hashes of every document to be written, numbered in write order, sorted on disk."""
+    if not cfg.dedup.paragraph:
+        return None
+    index = paragraphs.ParagraphDedup(cfg.dedup.min_paragraph_chars, work / "paragraphs")
+    for row, record in enumerate(progress(cleaned, total=cleaned.rows, desc="data: paragraph hashes", unit="doc",
+                                          logger=log)):  # fmt: skip
+        if row not in removed:
+            index.add(SPLIT_PRIORITY[record["split"]], record["text"])
+    index.finish()
+    return index
+
+
+def _write_splits(cfg, out: Path, cleaned: Spill, removed: dict[int, tuple[str, str, str]], stats,
+                  paragraph_dedup: paragraphs.ParagraphDedup | None) -> dict[str, Any]:  # fmt: skip
     """Paragraph dedup and the shards, test and val first so train loses the paragraphs they hold."""
-    paragraphs = dedup.ParagraphDeduper(cfg.dedup.min_paragraph_chars) if cfg.dedup.paragraph else None
     totals: dict[str, Any] = {}
     for split in ("test", "val", "train"):
         writer = ShardWriter(out, split, cfg.shard_docs)
@@ -396,8 +419,8 @@ def _write_splits(cfg, out: Path, cleaned: Spill, removed: dict[int, tuple[str, 
                 kind, reason, kept_id = removed[row]
                 stats.drop({**record, "duplicate_of": kept_id}, kind, reason)
                 continue
-            if paragraphs is not None:
-                text, cut = paragraphs.apply(record["text"])
+            if paragraph_dedup is not None:
+                text, cut = paragraph_dedup.apply(SPLIT_PRIORITY[split], record["text"])
                 if not text:
                     stats.drop(record, "paragraph_dedup", "every paragraph already appeared in another document")
                     continue
@@ -410,4 +433,6 @@ def _write_splits(cfg, out: Path, cleaned: Spill, removed: dict[int, tuple[str, 
             chars += len(record["text"])
             tokens += splits.est_tokens(record["text"])
         totals[split] = {"docs": docs, "chars": chars, "est_tokens": tokens, "shards": writer.close()}
+    if paragraph_dedup is not None:
+        paragraph_dedup.check_applied()
     return {s: totals[s] for s in SPLITS}
