@@ -6,7 +6,10 @@ shards for pretraining.
 
 Reads the data stage's `runs/<run>/data/<split>-NNNNN.parquet`; writes into `runs/<run>/tokenizer/`:
   tokenizer.json, tokenizer_config.json, chat_template.jinja   a transformers tokenizer directory
-  shards/                                                     token shards (see pretrain/token_shards.py)
+  shards/                                                     token shards, one per data shard, encoded by a
+                                                              process pool (data.workers: 0 is one per core) or,
+                                                              with data.executor=ray, by Ray tasks (see
+                                                              pretrain/token_shards.py)
   report.json, report.md                                      the compression report (val split)
 
 Ids are fixed: the config's special tokens in order ([PAD]=0, [UNK]=1, [BOS]=2, [EOS]=3), then its chat role
@@ -404,9 +407,10 @@ def _shards_and_report(
     train_seconds: float, extra: dict[str, Any], ids: dict[str, int],
 ) -> dict[str, float]:  # fmt: skip
     """Write the token shards with `tokenizer`, check the round trip on val, report compression."""
-    tcfg = stage.cfg.tokenizer
-    stats = write_shards(tokenizer, shards, stage.dir / "shards", ids)
-    encode_seconds = sum(s.seconds for s in stats.values())
+    tcfg, data = stage.cfg.tokenizer, stage.cfg.data
+    start = time.time()  # wall time: the shards' own times add up the workers'
+    stats = write_shards(tokenizer, shards, stage.dir / "shards", ids, workers=data.workers or None, data_cfg=data)
+    encode_seconds = time.time() - start
     log.info("tokenizer: encoded %s in %.1fs", ", ".join(f"{k} {v.tokens:,}" for k, v in stats.items()), encode_seconds)
     checked = check_roundtrip(tokenizer, shards["val"], stage.dir / "shards", "val")
 

@@ -4,8 +4,8 @@
     forge quantize --config configs/tiny-cpu.yaml
     run(cfg, target="auto")       # "auto": the SFT model if its stage completed, else the pretrained one
 
-Reads `runs/<run>/sft/model/` (or `runs/<run>/pretrain/model/`) and the test split's token shard
-`runs/<run>/tokenizer/shards/test.bin`; writes into `runs/<run>/quantize/`:
+Reads `runs/<run>/sft/model/` (or `runs/<run>/pretrain/model/`) and the test split's token shards
+`runs/<run>/tokenizer/shards/test-*.bin`; writes into `runs/<run>/quantize/`:
   model-f16.gguf             llama.cpp's converter for a model.init_from base (serve/gguf_convert.py), else our
                              own export (serve/gguf_export.py); always written: it is the quantizer's input
   model-<type>.gguf          llama.cpp's quantizer (`llama_cpp.llama_model_quantize`), per `quantize.gguf_types`
@@ -454,7 +454,9 @@ def run(cfg: ForgeConfig, force: bool = False, target: str = "auto") -> dict[str
     model_stage, model_dir = candidate_model(cfg, target)
     require_reads(cfg, "quantize", [model_stage, "tokenizer"])  # the test split's token ids measure the drift
     eval_token_ids(cfg)
-    test_split = run_dir(cfg) / "tokenizer" / "shards" / "test.bin"
+    from pretrain.token_shards import split_digest
+
+    test_split = split_digest(run_dir(cfg) / "tokenizer" / "shards", "test")  # the test split's token shards
     stage = Stage(
         name="quantize",
         cfg=cfg,

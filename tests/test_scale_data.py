@@ -156,6 +156,51 @@ def test_a_two_node_ray_cluster_writes_what_the_local_executor_writes_byte_for_b
     assert report["filters"]["near_dedup"]["docs"] >= 10
 
 
+@pytest.mark.slow  # ~15 s on 2 busy cores: the cluster's start (~8 s), a Ray worker per node importing Forge
+def test_ray_tasks_on_two_nodes_encode_the_token_shards_the_local_encoder_does_byte_for_byte(
+    tmp_path, two_node_cluster
+):
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from test_tokenizer import english_docs, write_data_stage
+
+    from forge.config import TokenizerConfig, load_config
+    from pretrain.token_shards import iter_text_batches, write_shards
+    from pretrain.tokenizer import train_bpe
+
+    splits = {"train": english_docs(600, seed=1), "val": english_docs(60, seed=2), "test": english_docs(30, seed=3)}
+    write_data_stage(tmp_path, "enc", splits, shard_docs=50)  # 12 train shards, 2 val, 1 test
+    shards = {split: sorted((tmp_path / "enc" / "data").glob(f"{split}-*.parquet")) for split in splits}
+    tokenizer = train_bpe(iter_text_batches(shards["train"]), TokenizerConfig(vocab_size=700))
+    ids = {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
+    local = write_shards(tokenizer, shards, tmp_path / "local", ids, workers=1)
+
+    nodes = {two_node_cluster.head_node.node_id, *(n.node_id for n in two_node_cluster.worker_nodes)}
+    data = load_config(None, ["data.executor=ray", f"data.ray_address={two_node_cluster.address}"]).data
+    ray.init(address=two_node_cluster.address, log_to_driver=False)  # the encoder joins this session
+    try:
+        # a worker up on each node first: a shard here takes ~0.05 s, less than a worker's start, so one node's
+        # first worker would otherwise encode them all (on a real corpus a shard takes tens of seconds)
+        warm = ray.remote(num_cpus=1)(lambda: __import__("pretrain.token_shards"))
+        ray.get([warm.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+                 for node in nodes])  # fmt: skip
+        on_ray = write_shards(tokenizer, shards, tmp_path / "ray", ids, data_cfg=data)
+    finally:
+        ray.shutdown()
+
+    written = sha256_of_files(tmp_path / "local")
+    assert sha256_of_files(tmp_path / "ray") == written and len(written) == 2 * 15 + 1  # .bin + .idx a shard, meta
+    for split, stats in local.items():
+        got = on_ray[split]
+        assert (got.tokens, got.words, got.bytes) == (stats.tokens, stats.words, stats.bytes) and got.tokens > 0
+        assert (got.token_counts == stats.token_counts).all() and (got.byte_counts == stats.byte_counts).all()
+    ran = tasks_per_node(
+        two_node_cluster, "encode_shard_task", until=lambda seen: set(seen) == nodes and seen.total() >= 15
+    )
+    print(f"encode_shard_task per node: {sorted(ran.values())}")  # pytest -s
+    assert set(ran) == nodes and ran.total() >= 15, f"the 15 shards' tasks ran on {len(ran)} of the 2 nodes: {ran}"
+
+
 def sha256_of_files(out: Path) -> dict[str, str]:
     return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(out.rglob("*")) if p.is_file() and p.name != "manifest.json"}  # fmt: skip

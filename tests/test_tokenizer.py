@@ -255,7 +255,7 @@ def test_trained_on_train_only(english_run):
 def test_token_shards_hold_every_document_then_eos_and_counts_add_up(english_run):
     from transformers import AutoTokenizer
 
-    _, splits, manifest, out = english_run
+    runs, splits, manifest, out = english_run
     tok = AutoTokenizer.from_pretrained(out)
     meta = read_meta(out / "shards")
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == 700 and meta["eos_id"] == 3
@@ -273,6 +273,10 @@ def test_token_shards_hold_every_document_then_eos_and_counts_add_up(english_run
             len(docs), sum(map(len, per_doc)), len(tokens)
         )  # fmt: skip
         assert manifest["metrics"][f"tokens_{split}"] == len(tokens)
+        data = sorted((runs / "en" / "data").glob(f"{split}-*.parquet"))  # a token shard per data shard, in order
+        assert [s["file"] for s in info["shards"]] == [f.name.replace(".parquet", ".bin") for f in data]
+        assert [s["documents"] for s in info["shards"]] == [pq.ParquetFile(f).metadata.num_rows for f in data]
+        assert sum(s["tokens"] for s in info["shards"]) == info["tokens"]
     # literal special-token text inside a document is plain text in the shards
     tokens, offsets = load_split(out / "shards", "val")
     i = splits["val"].index(TRICKY[4])
@@ -353,6 +357,101 @@ def test_cli_without_the_data_stage_is_one_line_asking_for_forge_data(isolated_r
 
 def test_token_dtype_widens_past_65536():
     assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# shards encoded in parallel, read as one array
+
+
+def test_a_split_in_several_shards_gives_the_windows_of_one_concatenated_array(english_run, tmp_path):
+    from pretrain.loader import WindowLoader, eval_windows, iter_eval_batches
+
+    shards = read_meta(english_run[3] / "shards")["splits"]["train"]["shards"]
+    bins = [np.fromfile(english_run[3] / "shards" / s["file"], dtype="<u2") for s in shards]
+    flat = np.concatenate(bins)  # the single-file layout's array
+    idx = [np.load(english_run[3] / "shards" / s["index"]) for s in shards]
+    starts = np.cumsum([0, *map(len, bins)])
+    tokens, offsets = load_split(english_run[3] / "shards", "train")
+    assert len(bins) == 3 and len(tokens) == len(flat) and all(isinstance(p, np.memmap) for p in tokens.parts)
+    np.testing.assert_array_equal(
+        offsets, np.concatenate([[0], *(i[1:] + s for i, s in zip(idx, starts, strict=False))])
+    )
+
+    window = 64
+    loaders = WindowLoader(tokens, window - 1, seed=3), WindowLoader(flat, window - 1, seed=3)
+    every = loaders[0].starts(0, 2 * loaders[0].windows_per_epoch)  # two epochs: two phases
+    crossing = [s for border in starts[1:-1] for s in range(border - window + 1, border)]  # every border window
+    assert any(s < b < s + window for s in every for b in starts[1:-1]), "no loader window crosses a shard border"
+    for chosen in (every, np.array(crossing)):
+        for i in range(0, len(chosen), 16):
+            for got, want in zip(*(loader.batch(chosen[i : i + 16]) for loader in loaders), strict=True):
+                assert torch_equal(got, want)
+    val_starts = eval_windows(tokens, window - 1, 40)
+    for got, want in zip(*(iter_eval_batches(t, val_starts, window - 1, 8) for t in (tokens, flat)), strict=True):
+        assert torch_equal(got[0], want[0]) and torch_equal(got[1], want[1])
+    for key in (0, -1, starts[1], starts[1] - 1, slice(None, None, 7), slice(-5, None), slice(10, 3)):
+        np.testing.assert_array_equal(tokens[key], flat[key])
+    np.testing.assert_array_equal(tokens[np.array([starts[2], 5, -2])], flat[np.array([starts[2], 5, -2])])
+    np.testing.assert_array_equal(np.asarray(tokens, dtype=np.int64), flat.astype(np.int64))
+
+    # the one-file layout (format 1) still reads, as one shard; an unknown format asks for a re-run
+    old = tmp_path / "old"
+    old.mkdir()
+    flat.tofile(old / "train.bin")
+    np.save(old / "train.npy", offsets)
+    splits = {"train": {"file": "train.bin", "index": "train.npy", "tokens": len(flat)}}
+    (old / "meta.json").write_text(json.dumps({"format": "forge-token-shards/1", "dtype": "uint16", "splits": splits}))
+    single, single_offsets = load_split(old, "train")
+    assert (
+        len(single.parts) == 1
+        and single[starts[1] - 3 : starts[1] + 3].tolist() == flat[starts[1] - 3 : starts[1] + 3].tolist()
+    )
+    np.testing.assert_array_equal(single_offsets, offsets)
+    (old / "meta.json").write_text(json.dumps({"format": "forge-token-shards/9", "dtype": "uint16", "splits": splits}))
+    with pytest.raises(ForgeError, match="re-run forge tokenizer --force"):
+        load_split(old, "train")
+
+
+def torch_equal(a, b) -> bool:
+    return a.shape == b.shape and bool((a == b).all())
+
+
+@pytest.mark.integration  # a pool of two spawned processes
+def test_one_worker_and_a_pool_of_two_write_the_same_shards_byte_for_byte(english_run, tmp_path):
+    from tokenizers import Tokenizer
+
+    from pretrain.token_shards import write_shards
+
+    runs, _, _, out = english_run
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+    shards = {split: sorted((runs / "en" / "data").glob(f"{split}-*.parquet")) for split in ("train", "val", "test")}
+    ids = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "system": 4, "user": 5, "assistant": 6}
+    stats = {w: write_shards(tokenizer, shards, tmp_path / f"w{w}", ids, workers=w) for w in (1, 2)}
+    files = {w: {p.name: p.read_bytes() for p in (tmp_path / f"w{w}").iterdir()} for w in (1, 2)}
+    assert files[1] == files[2] and len(files[1]) == 2 * 5 + 1  # 5 data shards: .bin + .idx each, and meta.json
+    assert files[1] == {p.name: p.read_bytes() for p in (out / "shards").iterdir()}  # and what the stage wrote
+    for split, one in stats[1].items():
+        two = stats[2][split]
+        assert (one.documents, one.doc_tokens, one.chars, one.bytes, one.words) == (
+            two.documents, two.doc_tokens, two.chars, two.bytes, two.words)  # fmt: skip
+        np.testing.assert_array_equal(one.token_counts, two.token_counts)
+        np.testing.assert_array_equal(one.byte_counts, two.byte_counts)
+        assert one.documents == read_meta(out / "shards")["splits"][split]["documents"] > 0
+
+
+def test_the_pool_starts_only_where_it_pays_off(monkeypatch):
+    from pretrain.token_shards import POOL_MIN_BYTES, ShardJob, pool_size
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1, 2, 3}, raising=False)
+    jobs = lambda *sizes: [ShardJob("train", i, Path(f"{i}.parquet"), Path("."), s) for i, s in enumerate(sizes)]  # noqa: E731
+    big = POOL_MIN_BYTES
+    assert pool_size(jobs(big, big, big, big, big), None) == 4  # enough balanced work: one process per core
+    assert pool_size(jobs(big, big), None) == 2  # no more processes than shards
+    assert pool_size(jobs(1000, 1000, 1000), None) == 1  # too little text to repay the start
+    assert (
+        pool_size(jobs(4 * big, big // 10, big // 10), None) == 1
+    )  # one shard is the work: the thread pool spreads it
+    assert pool_size(jobs(1000, 1000, 1000), 2) == 2 and pool_size(jobs(1000), 8) == 1  # data.workers, capped
 
 
 # ----------------------------------------------------------------------------------------------------------------
