@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from forge.io import atomic_write_bytes, atomic_write_json
+from forge.io import atomic_write_bytes, atomic_write_json, read_json_object
 from pretrain.data import report
 
 log = logging.getLogger("forge.data")
@@ -35,7 +35,7 @@ class Passes:
     def __init__(self, work: Path, key: dict[str, Any]):
         self.work = work
         self.key = json.loads(json.dumps(key, default=str))  # as read back from passes.json
-        marks = _read_json(work / MARKS)
+        marks = read_json_object(work / MARKS)
         if marks is None or marks.get("key") != self.key:
             if marks is not None:
                 log.info("data: starting over: the settings, inputs or code differ from the interrupted attempt's")
@@ -68,11 +68,3 @@ class Passes:
     def finish(self) -> None:
         """The stage completed: nothing to resume."""
         shutil.rmtree(self.work, ignore_errors=True)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return value if isinstance(value, dict) else None
