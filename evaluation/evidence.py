@@ -32,6 +32,7 @@ from forge import ForgeError
 from forge.config import ForgeConfig
 from forge.io import atomic_write_json, read_json_object
 from forge.lineage import completed_manifest
+from forge.machine import usable_cores
 from forge.paths import run_dir
 from forge.policy import Policy, load_policy
 
@@ -198,7 +199,7 @@ def measured_speed(cfg: ForgeConfig) -> dict[str, float] | None:
 
     m = model_config(cfg)
     vocab = m.vocab_size or cfg.tokenizer.vocab_size
-    key = f"{m.architecture}:{m.hidden_size}x{m.num_layers}:{m.intermediate_size}:{vocab}:{os.cpu_count()}:" \
+    key = f"{m.architecture}:{m.hidden_size}x{m.num_layers}:{m.intermediate_size}:{vocab}:{usable_cores()}:" \
           f"{platform.processor() or platform.machine()}"  # fmt: skip
     cache = read_json_object(SPEED_CACHE) or {}
     if key in cache:

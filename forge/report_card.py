@@ -20,6 +20,7 @@ from forge import render
 from forge.config import ForgeConfig
 from forge.io import atomic_write_json, atomic_write_text, read_json_object
 from forge.lineage import read_manifest
+from forge.machine import usable_cores
 from forge.paths import run_dir
 from forge.render import fmt
 from forge.stages import RUN_LAYOUT, stage_file
@@ -38,7 +39,7 @@ def hardware() -> dict[str, Any]:
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         mem_gib = None
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    return {"cpu": platform.processor() or platform.machine(), "cores": usable_cores(),
             "memory_gib": round(mem_gib, 1) if mem_gib else None, "gpus": gpus, "python": platform.python_version(),
             "torch": torch.__version__}  # fmt: skip
 

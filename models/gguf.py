@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from forge import ForgeError
+from forge.machine import usable_cores
 
 HEADER_BYTES = 24  # magic, version, tensor count, metadata count
 
@@ -108,12 +109,10 @@ def load_llama(path: Path, n_ctx: int, n_threads: int | None = None, logits_all:
     logits_all keeps the logits of every position (scoring needs them); generation alone is faster without.
     n_threads None: every core (llama-cpp-python's own default is half of them).
     """
-    import os
-
     from llama_cpp import Llama
 
     check_gguf(path)
-    n_threads = n_threads or os.cpu_count() or 1
+    n_threads = n_threads or usable_cores()
     return Llama(
         model_path=str(path),
         n_ctx=n_ctx,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from forge import ForgeError
+from forge.machine import usable_cores
 
 log = logging.getLogger("forge.serve")
 
@@ -54,7 +55,7 @@ def llama_server_binary() -> str:
 
 def serving_threads(threads: int | None = None) -> int:
     """serve.threads, else the cores this process may run on (a container's cpuset, not the host's count)."""
-    return threads or len(os.sched_getaffinity(0)) or 1
+    return threads or usable_cores()
 
 
 def llama_server_command(

@@ -16,12 +16,12 @@ tells whether a run is in the right range (30-50% on a GPU is good), not more.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from forge import ForgeError
 from forge.config import ForgeConfig, ModelConfig, PlanConfig
+from forge.machine import usable_cores
 from pretrain.model import parameter_breakdown
 
 GIB = 1024**3
@@ -69,7 +69,7 @@ def _cpu_profile() -> Hardware:
         memory = psutil.virtual_memory().total / GIB
     except ImportError:  # pragma: no cover - psutil is a dependency
         memory = 16.0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     lanes = cpu_fp32_lanes()
     # 2 FMA units x fp32 lanes x 2 flops x ~3 GHz per core: 0.1 TFLOP/s with AVX2, 0.19 with AVX-512. A ceiling
     # (AVX-512 code often runs below 3 GHz): counting an AVX-512 core as AVX2 put the MFU of a 135M model at 117%.

@@ -45,6 +45,7 @@ from tokenizers import Tokenizer
 from forge import ForgeError
 from forge.hashing import sha256_file
 from forge.io import atomic_path
+from forge.machine import usable_cores
 from forge.progress import progress
 from pretrain.sharded_tokens import ShardedTokens
 
@@ -233,7 +234,7 @@ def encode_on_ray(tokenizer: Tokenizer, jobs: list[ShardJob], eos_id: int, data_
 
     from pretrain.data.ray_executor import session
 
-    with session(data_cfg, data_cfg.workers or cores()) as cpus:  # the CPUs of a local instance
+    with session(data_cfg, data_cfg.workers or usable_cores()) as cpus:  # the CPUs of a local instance
         task = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(encode_shard_task)
         tokenizer_ref = ray.put(tokenizer.to_str())
         pending = {task.remote(tokenizer_ref, eos_id, job): job for job in jobs}
@@ -245,18 +246,13 @@ def encode_on_ray(tokenizer: Tokenizer, jobs: list[ShardJob], eos_id: int, data_
             yield job, stats
 
 
-def cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def pool_size(jobs: list[ShardJob], workers: int | None) -> int:
     """How many processes encode: `workers` when given (1: this one), else one per core when that pays off:
     enough text to repay the workers' start, and no shard so large that the others would wait for it while the
     tokenizers thread pool of this process would have spread it over every core."""
     if workers is not None:
         return max(1, min(workers, len(jobs)))
-    workers = min(cores(), len(jobs))
+    workers = min(usable_cores(), len(jobs))
     total = sum(job.size_bytes for job in jobs)
     if workers <= 1 or total < POOL_MIN_BYTES or max(job.size_bytes for job in jobs) * workers > total:
         return 1

@@ -31,7 +31,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from forge import ForgeError
 from forge.config import ForgeConfig
 from forge.io import atomic_write_json, atomic_write_text
 from forge.lineage import Stage, candidate_model, require_reads, run_stage
+from forge.machine import usable_cores
 from forge.paths import run_dir
 from models.access import Backend, GGUFBackend, HFBackend
 from models.gguf import check_gguf
@@ -189,7 +189,7 @@ class Evaluator:
 
     def __init__(self, cfg: ForgeConfig, ids: np.ndarray, offsets: np.ndarray, context: int):
         q = cfg.quantize
-        self.threads = q.threads or os.cpu_count() or 1
+        self.threads = q.threads or usable_cores()
         self.window = min(q.ppl_window or context, context)
         self.stride = q.ppl_stride or max(self.window // 2, 1)
         self.ids = ids

@@ -15,7 +15,6 @@ record (edited) or a dropped record that also carries "drop": filter, "reason", 
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from forge.config import DataConfig
+from forge.machine import usable_cores
 from pretrain.data import calibrate, documents, filters, textblocks
 from pretrain.data.dedup import NearDeduper, exact_hash
 from pretrain.data.splits import SPLITS, split_of
@@ -168,7 +168,7 @@ def worker_count(cfg: DataConfig) -> int:
     """data.workers, or (0) the cores this process may run on."""
     if cfg.workers:
         return cfg.workers
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return usable_cores()
 
 
 def parallel_map(fn: Callable[[Any], Any], batches: Iterable[Any], workers: int, initargs: tuple) -> Iterator[Any]:
