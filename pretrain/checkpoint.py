@@ -82,11 +82,17 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
 
 
 def clean_partial(root: Path) -> None:
-    """Remove the temp directories that a killed checkpoint (or best weights) write left behind."""
+    """Undo what a kill during a write left behind: the temp directories go, and best weights caught between
+    `publish`'s two renames are put back."""
     root = Path(root)
-    if root.is_dir():
-        for path in [*root.glob(".step-*"), *root.glob(".best.*")]:
-            shutil.rmtree(path, ignore_errors=True)
+    if not root.is_dir():
+        return
+    for aside in list(root.glob(".*.old")):
+        final = root / aside.name[1 : -len(".old")]
+        if not final.exists():
+            aside.replace(final)
+    for path in [*root.glob(".step-*"), *root.glob(".best.*")]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def prune(root: Path, keep_last: int, keep: set[int]) -> list[int]:
@@ -102,9 +108,15 @@ def prune(root: Path, keep_last: int, keep: set[int]) -> list[int]:
 
 
 def publish(tmp: Path, final: Path) -> None:
-    """Rename a written temp directory onto its final name (the main process, once every process has written)."""
-    remove_path(final)
+    """Rename a written temp directory onto its final name (the main process, once every process has written).
+    A directory cannot be renamed onto another that holds files, so the one it replaces (best/) is first renamed
+    aside and removed after: at every instant one complete copy is on disk under a name clean_partial knows."""
+    aside = final.with_name(f".{final.name}.old")
+    remove_path(aside)
+    if final.exists():
+        final.replace(aside)
     tmp.replace(final)
+    remove_path(aside)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -85,6 +85,9 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tmp_path):
     assert sorted(whole) == ["0.weight", "1.bias", "1.weight"] and torch.equal(fresh[0].weight, model[0].weight)
     with pytest.raises(ForgeError, match=r"does not fit the model .*other shapes \['model.0.weight'"):
         ckpt.read_weights(tmp_path / "best", torch.nn.Sequential(torch.nn.Embedding(12, 4), torch.nn.Linear(4, 12)))
+    ckpt.save_weights(tmp_path / "best", model, {"step": 6, "val_loss": 0.5})  # a better one replaces it
+    assert json.loads((tmp_path / "best" / "state.json").read_text())["step"] == 6
+    assert not list(tmp_path.glob(".best*")), "nothing left aside"
     old = tmp_path / "old"
     old.mkdir()
     (old / "state.json").write_text(json.dumps({"step": 1}))
@@ -95,11 +98,14 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tmp_path):
         writer.save(step, model, opt, {})
     writer.wait()
     (tmp_path / ".step-0000025.tmp").mkdir()  # what a SIGKILL during a write leaves
+    (tmp_path / "best").replace(tmp_path / ".best.old")  # ... or one between publish's two renames of best/
+    (tmp_path / ".best.tmp").mkdir()
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [5, 10, 15, 20]
     assert ckpt.prune(tmp_path, keep_last=2, keep={5}) == [10]
     ckpt.clean_partial(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "old", "step-0000005", "step-0000015",
                                                            "step-0000020"]  # fmt: skip
+    assert ckpt.read_weights(tmp_path / "best", fresh)["0.weight"].shape == model[0].weight.shape, "best/ is back"
     pruning = ckpt.CheckpointWriter(tmp_path, keep_last=2, asynchronous=False)
     pruning.save(30, model, opt, {})
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [20, 30], "the writer keeps the last keep_last"
