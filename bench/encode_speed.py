@@ -13,7 +13,6 @@ Without --tokenizer a BPE of --vocab tokens is trained on the train split first 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from forge.config import TokenizerConfig  # noqa: E402
+from forge.machine import usable_cores  # noqa: E402
 from pretrain import tokenizer as stage  # noqa: E402
 from pretrain.token_shards import write_shards  # noqa: E402
 
@@ -63,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     from tokenizers import Tokenizer
 
-    workers = args.workers or len(os.sched_getaffinity(0))
+    workers = args.workers or usable_cores()
     given = {split: sorted(args.data.glob(f"{split}-*.parquet")) for split in SPLITS}
     if args.tokenizer:
         tokenizer = Tokenizer.from_file(str(args.tokenizer))

@@ -31,6 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from forge.config import TokenizerConfig, load_config  # noqa: E402
+from forge.machine import usable_cores  # noqa: E402
 from models.access import GGUFBackend, HFBackend  # noqa: E402
 from serve.gguf_export import export_gguf  # noqa: E402
 from serve.quantize import quantize_gguf  # noqa: E402
@@ -95,12 +96,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
-    import os
-
     import torch
     from transformers import AutoConfig
 
-    threads = args.threads or os.cpu_count() or 1
+    threads = args.threads or usable_cores()  # what `forge serve` gives llama-server (serving_threads)
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="forge-bench-serve-") as tmp:
         work = Path(tmp)

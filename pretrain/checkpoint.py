@@ -68,6 +68,11 @@ def temp_dir(final: Path) -> Path:
     return final.with_name(f".{final.name}.tmp")
 
 
+def aside_dir(final: Path) -> Path:
+    """Where `publish` keeps the directory it replaces until the new one is in place."""
+    return final.with_name(f".{final.name}.old")
+
+
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints under `root`, oldest first (temp directories of interrupted writes are skipped)."""
     root = Path(root)
@@ -87,8 +92,8 @@ def clean_partial(root: Path) -> None:
     root = Path(root)
     if not root.is_dir():
         return
-    for aside in list(root.glob(".*.old")):
-        final = root / aside.name[1 : -len(".old")]
+    for aside in list(root.glob(".*.old")):  # aside_dir's names
+        final = root / aside.name.removeprefix(".").removesuffix(".old")
         if not final.exists():
             aside.replace(final)
     for path in [*root.glob(".step-*"), *root.glob(".best.*")]:
@@ -111,7 +116,7 @@ def publish(tmp: Path, final: Path) -> None:
     """Rename a written temp directory onto its final name (the main process, once every process has written).
     A directory cannot be renamed onto another that holds files, so the one it replaces (best/) is first renamed
     aside and removed after: at every instant one complete copy is on disk under a name clean_partial knows."""
-    aside = final.with_name(f".{final.name}.old")
+    aside = aside_dir(final)
     remove_path(aside)
     if final.exists():
         final.replace(aside)
