@@ -119,6 +119,8 @@ class DataConfig(Section):
     boilerplate_min_line_words: int | None = Field(None, ge=0)
     language: bool = True
     languages: list[str] = ["en"]  # ISO 639-1 codes as fastText's lid.176 names them (en, de, fr, pt, zh...)
+    # The detector's probability of data.languages together (a page mixing two of them is not half wanted);
+    # None: the profile's.
     min_language_score: float | None = Field(None, ge=0.0, le=1.0)
     # A document with fewer prose words than this is not judged by the language rule (too little to tell).
     language_min_words: int = Field(20, ge=1)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from forge.config import DataConfig, QualityConfig
-from pretrain.data import filters, ingest, stdlib_corpus
+from pretrain.data import filters, ingest, report, stdlib_corpus
 from pretrain.data.filters import Drop
 from pretrain.data.splits import split_of
 
@@ -42,6 +42,42 @@ def test_language_detection_offline_whole_document(text, lang):
     assert found == lang and score >= 0.65
     cfg = DataConfig()
     assert (filters.language_filter(found, score, cfg) is None) == (lang == "en")
+
+
+# A page of a manual translated into Arabic that kept English paragraphs (as the Debian Administrator's Handbook's
+# translations do): the detector splits its probability between the two.
+ARABIC = "يجب على المدير أن يحدث قائمة الحزم قبل كل تثبيت جديد."
+ENGLISH_PARAGRAPHS = [
+    "The package manager downloads each package from the configured repositories and checks its signature before "
+    "it installs anything on the system.",
+    "When a download fails, the manager tries the next mirror in the list and reports which one answered.",
+    "Old versions stay in the cache until the administrator cleans it, so a rollback does not need the network.",
+]
+
+
+@pytest.mark.parametrize("paragraphs", [2, 3])  # the first choice is Arabic with two, English with three
+def test_a_page_mixing_two_of_data_languages_is_scored_on_both(paragraphs):
+    text = "\n\n".join([ARABIC, *ENGLISH_PARAGRAPHS[:paragraphs]])
+    ranked = filters.ranked_languages(filters.language_sample(text, "en")[0])
+    (first, alone), (second, _) = ranked[:2]
+    assert {first, second} == {"ar", "en"} and alone < 0.65  # neither language alone passes the docs profile
+
+    both = DataConfig(languages=["en", "ar"])
+    lang, score, judged = filters.judge_language(text, both)
+    assert lang == first and score == pytest.approx(sum(p for code, p in ranked if code in ("en", "ar")))
+    assert score >= 0.65 and filters.language_filter(lang, score, both, judged) is None
+
+    # one language: its own probability, as before, and the page is dropped naming the score and the setting
+    one = DataConfig(languages=[first])
+    lang, score, judged = filters.judge_language(text, one)
+    assert (lang, score) == (first, alone)
+    drop = filters.language_filter(lang, score, one, judged)
+    assert drop is not None and drop.rule == "min_language_score" and "data.min_language_score=0.65" in drop.reason
+    # the other language alone: the first choice is not one of data.languages
+    other = DataConfig(languages=[second])
+    lang, score, judged = filters.judge_language(text, other)
+    drop = filters.language_filter(lang, score, other, judged)
+    assert drop is not None and drop.rule == first
 
 
 def test_language_detector_uses_the_bundled_model_without_truncation():
@@ -194,6 +230,9 @@ def test_bad_inputs_are_skipped_with_their_reason(tmp_path, monkeypatch):
     }  # fmt: skip
     assert items["in/good.txt"]["text"] == "Hello there.\nSecond line."
     assert "data.max_doc_bytes" in items["in/huge.txt"]["detail"]
+    # the report's format table: an image is "not read", not text; a text file that failed to decode is text
+    formats = {name: report._format_of(items[f"in/{name}"]) for name in ("image.png", "bad.rst", "good.txt")}
+    assert formats == {"image.png": "not read", "bad.rst": "text", "good.txt": "text"}
     # the skip key can still be computed (unreadable files are fingerprinted by their error)
     assert ingest.input_fingerprints(DataConfig(inputs=[str(root)]))["input0"].startswith("path:")
 

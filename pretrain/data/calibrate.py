@@ -38,7 +38,7 @@ from pretrain.data import quality
 CALIBRATION_DOCS = 100_000  # train documents measured at most (values kept as float32: 4 B per rule each)
 EXAMPLES = 5
 QUANTILES = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
-LANGUAGE_METRIC = "language_score"  # the score of the detected language if it is one of data.languages, else 0
+LANGUAGE_METRIC = "language_score"  # data.languages' score together (filters.judge_language), 0 for another language
 
 
 @dataclass

@@ -178,21 +178,36 @@ def _detector():
     return LangDetector(LangDetectConfig(model="lite", max_input_length=None))
 
 
+LANGUAGES_RANKED = 5  # the detector's most likely languages a document's score can be summed over
+
+
 def detect_language(text: str, max_chars: int = 20_000) -> tuple[str, float]:
     """Whole-document language and score (the first `max_chars`; sentence-level scores are unreliable)."""
+    return ranked_languages(text, max_chars)[0]
+
+
+def ranked_languages(text: str, max_chars: int = 20_000) -> list[tuple[str, float]]:
+    """The detector's most likely languages of the document, with their probabilities, most likely first."""
     sample = " ".join(text[:max_chars].split())
     if not sample:
-        return "und", 0.0
-    best = _detector().detect(sample, k=1)[0]
-    return best["lang"], float(best["score"])
+        return [("und", 0.0)]
+    return [(best["lang"], float(best["score"])) for best in _detector().detect(sample, k=LANGUAGES_RANKED)]
 
 
 def judge_language(text: str, cfg: DataConfig) -> tuple[str, float, int]:
-    """(language, score, prose words judged) of the prose; ("und", 0.0, n) when n < data.language_min_words."""
+    """(language, score, prose words judged) of the prose; ("und", 0.0, n) when n < data.language_min_words.
+
+    The language is the detector's first choice. When it is one of data.languages, the score is the probability
+    of all of data.languages together: a manual translated into Arabic keeps its English commands and terms, and
+    with data.languages=[en, ar] such a page is all wanted text, though neither language alone reaches 0.65.
+    With one language in data.languages this is that language's probability, as before."""
     sample, count = language_sample(text, cfg.languages[0])
     if count < cfg.language_min_words:
         return "und", 0.0, count
-    lang, score = detect_language(sample)
+    ranked = ranked_languages(sample)
+    lang, score = ranked[0]
+    if lang in cfg.languages:
+        score = min(1.0, sum(p for other, p in ranked if other in cfg.languages))
     return lang, score, count
 
 
@@ -204,8 +219,9 @@ def language_filter(lang: str, score: float, cfg: DataConfig, words: int | None 
     if lang not in cfg.languages:
         return Drop("language", f"{lang} (score {score:.2f}) is not one of data.languages={cfg.languages}", lang, score)
     if score < cfg.min_language_score:
+        scored = f"{lang} score" if len(cfg.languages) == 1 else f"{lang}: score of {'+'.join(cfg.languages)}"
         return Drop(
-            "language", f"{lang} score {score:.2f} < data.min_language_score={cfg.min_language_score}",
+            "language", f"{scored} {score:.2f} < data.min_language_score={cfg.min_language_score}",
             "min_language_score", score,
         )  # fmt: skip
     return None

@@ -157,8 +157,10 @@ class Stats:
 
 
 def _format_of(record: dict[str, Any]) -> str:
-    """The file format a record came from (pdf, docx, odt, epub, html, text, jsonl, parquet)."""
-    return str(record.get("meta", {}).get("format") or record.get("format") or "text")
+    """The file format a record came from (pdf, docx, odt, epub, html, text, jsonl, parquet); "not read" for a file
+    of a type the stage does not read (images, stylesheets: the report lists them), which is not text."""
+    unread = "not read" if record.get("skip") == "unsupported_type" else "text"
+    return str(record.get("meta", {}).get("format") or record.get("format") or unread)
 
 
 def _rule(name: str, reason: str) -> str:
