@@ -38,11 +38,18 @@ pytestmark = pytest.mark.integration  # starts servers, processes or trains (tes
 REPO = Path(__file__).resolve().parent.parent
 
 
-def forge_data(runs: Path, config: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FORGE_RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1", "RAY_DISABLE_USAGE_STATS": "1"}
-    env.pop("RAY_ADDRESS", None)  # a local instance, never a cluster this machine happens to know
+def forge_data(runs: Path, config: Path, *args: str, env: dict[str, str | None] | None = None
+               ) -> subprocess.CompletedProcess:  # fmt: skip
+    """`forge data` in a subprocess; `env` adds variables to this process's, or removes those it maps to None."""
+    full = {**os.environ, "FORGE_RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1", "RAY_DISABLE_USAGE_STATS": "1"}
+    full.pop("RAY_ADDRESS", None)  # a local instance, never a cluster this machine happens to know
+    for key, value in (env or {}).items():
+        if value is None:
+            full.pop(key, None)
+        else:
+            full[key] = value
     return subprocess.run([sys.executable, "-m", "forge.cli", "data", "--config", str(config), *args],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=240)  # fmt: skip
+                          env=full, cwd=REPO, capture_output=True, text=True, timeout=240)  # fmt: skip
 
 
 def build_corpus(root: Path, filler: int = 0) -> dict[str, object]:
@@ -240,6 +247,46 @@ def test_an_unreachable_ray_address_is_a_one_line_error(tmp_path):
                                       "--ray-address", f"127.0.0.1:{port}"])  # fmt: skip
     assert result.exit_code == 2
     assert f"data.ray_address='127.0.0.1:{port}': nothing answers there" in result.output, result.output
+
+
+@pytest.mark.slow  # ~40 s: the head's start (~6 s), Ray's own retries before it gives up (~20 s), one small run
+def test_a_cluster_started_with_token_authentication_needs_it_turned_on_here_and_the_error_says_so(tmp_path):
+    """The README's cluster path as a user takes it: `ray start --head` in one shell, `forge data --ray-address`
+    in another. Ray turns token authentication on for a head that finds ~/.ray/auth_token (any local ray.init
+    writes one) and the client must turn it on itself; Ray's error says only "failed to connect"."""
+    import secrets
+
+    from conftest import free_port
+
+    home, port = tmp_path / "home", free_port()
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
+    temp = tempfile.mkdtemp(prefix="forge-ray-", dir="/tmp")  # short: Ray's socket paths are capped
+    env = {"HOME": str(home), "RAY_TMPDIR": temp, "RAY_DISABLE_USAGE_STATS": "1"}
+    head = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}, **env}
+    ray = str(Path(sys.executable).with_name("ray"))
+    started = subprocess.run([ray, "start", "--head", "--port", str(port), "--num-cpus", "1",
+                              "--include-dashboard", "false", "--disable-usage-stats"],
+                             env=head, capture_output=True, text=True, timeout=120)  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        root = tmp_path / "corpus"
+        root.mkdir()
+        for i, doc in enumerate(english_docs(6)):
+            (root / f"{i}.txt").write_text(doc)
+        config = write_config(tmp_path / "run.yaml", root)
+        args = ("--executor", "ray", "--ray-address", f"127.0.0.1:{port}")
+        unset = {**env, "RAY_AUTH_MODE": None}  # as a new shell has it (an earlier test's Ray may have set it here)
+        refused = forge_data(tmp_path / "runs", config, *args, env=unset)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert "cannot connect to Ray" in refused.stderr and "needs RAY_AUTH_MODE=token here" in refused.stderr
+        # the fix the error names
+        ran = forge_data(tmp_path / "runs", config, *args, env={**env, "RAY_AUTH_MODE": "token"})
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert f"data: Ray 127.0.0.1:{port}, 1 CPUs" in ran.stderr, ran.stderr[-2000:]
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=head, capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _closed_port() -> int:

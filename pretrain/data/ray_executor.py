@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import pickle
 import socket
 from collections.abc import Callable, Iterable, Iterator
@@ -74,12 +75,22 @@ def session(cfg: DataConfig, workers: int) -> Iterator[int]:
                              "to a running cluster or use data.executor=local") from None  # fmt: skip
         raise ForgeError(
             f"data.ray_address={cfg.ray_address!r}: cannot connect to Ray ({exc}); give a running cluster's "
-            "address (HOST:6379 or ray://HOST:10001) or leave it unset for a local instance"
+            f"address (HOST:6379 or ray://HOST:10001) or leave it unset for a local instance{_auth_hint()}"
         ) from None
     try:
         yield _configure(ray, cfg, workers)
     finally:
         ray.shutdown()  # disconnects from a cluster; stops a local instance this run started
+
+
+def _auth_hint() -> str:
+    """The likeliest cause when a cluster that answers refuses this process: Ray turns token authentication on for
+    a cluster whose head finds a token (~/.ray/auth_token, which any local ray.init writes), and a client must
+    then turn it on itself; Ray's own error says only "failed to connect"."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return ""
+    return ("; a cluster with token authentication (`ray start` turns it on where ~/.ray/auth_token exists) "
+            "needs RAY_AUTH_MODE=token here too, with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN")  # fmt: skip
 
 
 def _reachable(address: str, timeout: float = 10.0) -> bool:
