@@ -9,11 +9,13 @@ val/train leak, unreadable files), padded with near-duplicate clusters so the ba
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -285,8 +287,24 @@ def test_a_cluster_started_with_token_authentication_needs_it_turned_on_here_and
         assert ran.returncode == 0, ran.stderr[-3000:]
         assert f"data: Ray 127.0.0.1:{port}, 1 CPUs" in ran.stderr, ran.stderr[-2000:]
     finally:
-        subprocess.run([ray, "stop", "--force"], env=head, capture_output=True, timeout=120)
+        kill_processes_with_env(f"RAY_TMPDIR={temp}")  # this head only: `ray stop` stops every Ray on the machine
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def kill_processes_with_env(entry: str) -> None:
+    """SIGKILL every process whose environment holds `entry`, and their descendants (the raylet starts its agents
+    with an environment of its own, and they outlive it)."""
+    needle, parents, chosen = b"\0" + entry.encode() + b"\0", {}, set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):
+            parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if needle in b"\0" + (proc / "environ").read_bytes():
+                chosen.add(int(proc.name))
+    while grown := {pid for pid, parent in parents.items() if parent in chosen} - chosen:
+        chosen |= grown
+    for pid in chosen:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _closed_port() -> int:
