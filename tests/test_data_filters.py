@@ -38,7 +38,7 @@ ENGLISH = (
     ],
 )
 def test_language_detection_offline_whole_document(text, lang):
-    found, score = filters.detect_language(text)
+    found, score = filters.ranked_languages(text)[0]
     assert found == lang and score >= 0.65
     cfg = DataConfig()
     assert (filters.language_filter(found, score, cfg) is None) == (lang == "en")

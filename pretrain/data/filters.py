@@ -181,13 +181,9 @@ def _detector():
 LANGUAGES_RANKED = 5  # the detector's most likely languages a document's score can be summed over
 
 
-def detect_language(text: str, max_chars: int = 20_000) -> tuple[str, float]:
-    """Whole-document language and score (the first `max_chars`; sentence-level scores are unreliable)."""
-    return ranked_languages(text, max_chars)[0]
-
-
 def ranked_languages(text: str, max_chars: int = 20_000) -> list[tuple[str, float]]:
-    """The detector's most likely languages of the document, with their probabilities, most likely first."""
+    """The detector's most likely languages of the whole document, with their probabilities, most likely first
+    (the first `max_chars`; sentence-level scores are unreliable)."""
     sample = " ".join(text[:max_chars].split())
     if not sample:
         return [("und", 0.0)]
